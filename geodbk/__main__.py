@@ -1,0 +1,5 @@
+import sys
+
+from geodbk.cli import main
+
+sys.exit(main())

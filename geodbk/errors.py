@@ -1,0 +1,22 @@
+"""Exceptions raised by geodbk on bad input.
+
+Every error that a user can cause by pointing geodbk at the wrong file, region or
+column derives from :class:`GeodbkError`, so that the CLI can print one clear line
+instead of a traceback.
+"""
+
+
+class GeodbkError(Exception):
+    """Base class for all user-facing geodbk errors."""
+
+
+class InputDataError(GeodbkError, ValueError):
+    """A file or table is missing columns, has NaN targets, a wrong CRS, or is corrupt."""
+
+
+class RegionError(GeodbkError, ValueError):
+    """A region name is unknown, or clipping to it leaves no data."""
+
+
+class DownloadError(GeodbkError, OSError):
+    """A URL could not be fetched."""
