@@ -1,0 +1,209 @@
+"""Write predictive maps and test-tile predictions to the usual GIS formats.
+
+* :func:`write_geotiff` - a grid from :func:`geodbk.grids.predict_grid` as a float32
+  GeoTIFF (or Cloud-Optimized GeoTIFF), one band per variable, band descriptions set from the
+  variable names and nodata outside the region.
+* :func:`write_netcdf` / :func:`write_zarr` - the whole grid dataset, CRS included; read back
+  with :func:`geodbk.grids.open_grid`.
+* :func:`tile_predictions` / :func:`write_tile_predictions` - the held-out tiles of a
+  :class:`geodbk.dataset.SpatialDataset` with the observed value and a model's predictive
+  mean, sd and 95% bounds, in log10 and data units, as GeoJSON or GeoParquet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import geopandas as gpd
+import numpy as np
+import rioxarray  # noqa: F401  (registers the .rio accessor)
+import xarray as xr
+
+from geodbk.errors import InputDataError
+from geodbk.grids import Z95, SpatialPredictor
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from geodbk.dataset import SpatialDataset
+
+#: Nodata value written to GeoTIFFs (float32 bands); cells outside the region get it.
+GEOTIFF_NODATA = -9999.0
+
+
+def geotiff_bands(ds: xr.Dataset, variables: Sequence[str] | None = None) -> xr.DataArray:
+    """Stack the ``(y, x)`` variables of a grid into one ``(band, y, x)`` float32 array.
+
+    ``kernel_slice`` (dims ``ref, y, x``) becomes one band per reference point, named
+    ``kernel_slice:<ref>``. The band names are in the ``band`` coordinate and in the
+    ``long_name`` attribute (a tuple, which rioxarray writes as band descriptions).
+    """
+    names = list(variables) if variables is not None else [v for v in ds.data_vars if set(ds[v].dims) >= {"y", "x"}]
+    missing = [n for n in names if n not in ds.data_vars]
+    if missing:
+        raise InputDataError(f"grid has no variable(s) {missing}; it has {list(ds.data_vars)}")
+    layers, labels, units = [], [], []
+    for name in names:
+        var = ds[name]
+        if var.dims == ("y", "x"):
+            layers.append(var)
+            labels.append(name)
+            units.append(str(var.attrs.get("units", "")))
+        elif var.dims == ("ref", "y", "x"):
+            for ref in var["ref"].values:
+                layers.append(var.sel(ref=ref, drop=True))
+                labels.append(f"{name}:{ref}")
+                units.append(str(var.attrs.get("units", "")))
+        else:
+            raise InputDataError(f"variable {name} has dims {var.dims}; GeoTIFF bands need (y, x) or (ref, y, x)")
+    stack = xr.concat(
+        [layer.drop_vars([c for c in layer.coords if c not in ("x", "y", "spatial_ref")]) for layer in layers],
+        dim="band",
+        coords="minimal",
+        compat="override",
+    ).astype(np.float32)
+    stack = stack.assign_coords(band=np.arange(1, len(labels) + 1))
+    stack.attrs = {"long_name": tuple(labels), "band_tags": [{"name": n, "units": u} for n, u in zip(labels, units)]}
+    return stack
+
+
+def write_geotiff(
+    ds: xr.Dataset,
+    path: str | Path,
+    *,
+    variables: Sequence[str] | None = None,
+    cog: bool = False,
+    nodata: float = GEOTIFF_NODATA,
+    compress: str = "DEFLATE",
+) -> Path:
+    """Write grid variables as a multi-band float32 GeoTIFF.
+
+    Parameters
+    ----------
+    ds
+        A grid from :func:`geodbk.grids.predict_grid` (or :func:`geodbk.grids.open_grid`),
+        with its CRS in ``spatial_ref``.
+    path
+        Output ``.tif``.
+    variables
+        Variables to write, in band order (default: all ``(y, x)`` and ``(ref, y, x)`` ones).
+    cog
+        Write a Cloud-Optimized GeoTIFF (GDAL ``COG`` driver: tiled, with overviews).
+    nodata
+        Value of cells outside the region (NaN in the grid).
+    compress
+        GDAL compression.
+
+    Returns the path. Band descriptions are the variable names; each band also carries
+    ``name`` and ``units`` tags.
+    """
+    if ds.rio.crs is None:
+        raise InputDataError("grid has no CRS (spatial_ref); build it with geodbk.grids.predict_grid")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bands = geotiff_bands(ds, variables)
+    bands = bands.where(np.isfinite(bands), nodata).rio.write_nodata(nodata)
+    bands = bands.rio.write_crs(ds.rio.crs).rio.write_transform(ds.rio.transform())
+    options = {"compress": compress}
+    if cog:
+        bands.rio.to_raster(
+            path, driver="COG", overview_resampling="average", blocksize=256, recalc_transform=False, **options
+        )
+    else:
+        bands.rio.to_raster(
+            path, driver="GTiff", tiled=True, blockxsize=256, blockysize=256, recalc_transform=False, **options
+        )
+    return path
+
+
+def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
+    """Write the whole grid dataset to NetCDF-4 (zlib-compressed float32, CRS in ``spatial_ref``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    encoding = {
+        name: {**ds[name].encoding, "zlib": True, "complevel": 4, "_FillValue": np.float32(np.nan)}
+        for name in ds.data_vars
+        if np.issubdtype(ds[name].dtype, np.floating)
+    }
+    for enc in encoding.values():
+        for key in ("chunks", "preferred_chunks", "source", "original_shape", "dtype", "compressors", "filters"):
+            enc.pop(key, None)
+    ds.to_netcdf(path, mode="w", engine="netcdf4", encoding=encoding)
+    return path
+
+
+def write_zarr(ds: xr.Dataset, path: str | Path) -> Path:
+    """Write the whole grid dataset to a Zarr store (a folder), replacing one that is there."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean = ds.copy()
+    for name in clean.variables:
+        grid_mapping = clean[name].encoding.get("grid_mapping")
+        clean[name].encoding = {"grid_mapping": grid_mapping} if grid_mapping else {}
+    clean.to_zarr(path, mode="w", consolidated=False)
+    return path
+
+
+def tile_predictions(model: SpatialPredictor, dataset: "SpatialDataset", *, split: str = "test") -> gpd.GeoDataFrame:
+    """The tiles of one split of ``dataset`` with ``model``'s predictions, one row per (tile, quarter).
+
+    Columns: ``quadkey, year, quarter, urban_rural, lon, lat`` (tile centre, degrees), the
+    observation ``y`` (log10) and ``observed_<u>`` (data units, e.g. ``observed_mbps``), the
+    prediction ``mean, sd, lower, upper, pi_width`` (log10) and ``mean_<u>, lower_<u>,
+    upper_<u>`` (10 ** the log10 value), ``inside_pi`` (observation inside the 95% interval),
+    and ``geometry`` (tile polygon, EPSG:4326).
+    """
+    frame = dataset.frame
+    if "split" not in frame.columns:
+        raise InputDataError("dataset frame has no 'split' column")
+    tiles = frame[frame["split"] == split]
+    if len(tiles) == 0:
+        raise InputDataError(f"dataset has no tiles in split {split!r}")
+    lonlat = tiles[["lon", "lat"]].to_numpy(np.float64)
+    pred = model.predict(lonlat)
+    mean = np.asarray(pred.mean, dtype=np.float64)
+    sd = np.asarray(pred.sd, dtype=np.float64)
+    key = str(getattr(dataset, "units", "Mbps")).lower()
+    y = tiles["y"].to_numpy(np.float64)
+    lower, upper = mean - Z95 * sd, mean + Z95 * sd
+    keep = [c for c in ("quadkey", "year", "quarter", "urban_rural", "lon", "lat") if c in tiles.columns]
+    out = tiles[keep].copy()
+    out["y"] = y
+    out[f"observed_{key}"] = tiles["value"].to_numpy(np.float64)
+    out["mean"] = mean
+    out["sd"] = sd
+    out["lower"] = lower
+    out["upper"] = upper
+    out["pi_width"] = upper - lower
+    out[f"mean_{key}"] = 10.0**mean
+    out[f"lower_{key}"] = 10.0**lower
+    out[f"upper_{key}"] = 10.0**upper
+    out["inside_pi"] = (y >= lower) & (y <= upper)
+    return gpd.GeoDataFrame(out.reset_index(drop=True), geometry=tiles.geometry.to_numpy(), crs=tiles.crs or "EPSG:4326")
+
+
+def write_tile_predictions(
+    model: SpatialPredictor, dataset: "SpatialDataset", path: str | Path, *, split: str = "test"
+) -> Path:
+    """Write :func:`tile_predictions` to ``*.geojson`` (GeoJSON) or ``*.parquet`` (GeoParquet)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".geojson", ".json", ".parquet", ".geoparquet"):
+        raise InputDataError(f"test tiles go to .geojson or .parquet, got {path.name}")
+    frame = tile_predictions(model, dataset, split=split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix in (".geojson", ".json"):
+        frame.to_file(path, driver="GeoJSON", engine="pyogrio")
+    else:
+        frame.to_parquet(path)
+    return path
+
+
+__all__ = [
+    "GEOTIFF_NODATA",
+    "geotiff_bands",
+    "tile_predictions",
+    "write_geotiff",
+    "write_netcdf",
+    "write_tile_predictions",
+    "write_zarr",
+]

@@ -1,0 +1,668 @@
+"""Regular grids over a region and chunked prediction into an :class:`xarray.Dataset`.
+
+A :class:`RegularGrid` is a north-up raster (cell centres on ``x``/``y``, ``y`` descending)
+in any CRS, EPSG:4326 by default. :func:`predict_grid` walks it in row blocks, converts the
+cell centres to lon/lat, asks a fitted model (anything that satisfies
+:class:`SpatialPredictor`, e.g. :class:`geodbk.geomodel.GeoModel`) for the predictive mean
+and standard deviation of ``y = log10(value)`` at the cells inside the region polygon only,
+and writes the block into preallocated float32 arrays or straight into a Zarr / NetCDF
+store, so peak memory depends on the block size, not on the grid size.
+
+Variables of the result (dims ``(y, x)`` unless noted, float32, NaN outside the region):
+
+========================  =======================================================
+``mean``                  predictive mean of log10(value), units ``log10(Mbps)``
+``sd``                    predictive standard deviation of log10(value)
+``pi_width``              width of the 95% prediction interval, 2 * 1.959964 * sd
+``mean_<u>``              10 ** mean, the median value in data units (u = mbps / ms)
+``lower_<u>``             10 ** (mean - 1.959964 sd)
+``upper_<u>``             10 ** (mean + 1.959964 sd)
+``kernel_slice``          (ref, y, x) prior kernel k(x, x_ref) in log10 units squared
+========================  =======================================================
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence, Union
+
+import numpy as np
+import pyproj
+import rioxarray  # noqa: F401  (registers the .rio accessor)
+import shapely
+import xarray as xr
+from affine import Affine
+from shapely.geometry.base import BaseGeometry
+from shapely.ops import transform as transform_geometry
+from tqdm.auto import tqdm
+
+from geodbk.errors import InputDataError, RegionError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from geodbk.dataset import SpatialDataset
+    from geodbk.regions import Region
+
+#: Standard normal quantile of a central 95% interval.
+Z95 = 1.959964
+
+#: Cells predicted per block when ``chunk_rows`` is not given.
+DEFAULT_CELLS_PER_CHUNK = 1 << 18
+
+WGS84 = pyproj.CRS.from_epsg(4326)
+
+Bbox = tuple[float, float, float, float]
+RegionLike = Union["Region", Bbox, BaseGeometry]
+
+
+class SpatialPredictor(Protocol):
+    """What grid prediction needs from a fitted model (:class:`geodbk.geomodel.GeoModel` is one).
+
+    ``predict`` takes ``(n, 2)`` lon/lat in degrees and returns an object with ``mean`` and
+    ``sd`` arrays of shape ``(n,)`` in target units (log10 of Mbps or ms).
+    ``kernel_slice`` returns the ``(n, k)`` prior kernel between the points and ``k``
+    reference points, in target units squared.
+    """
+
+    def predict(self, lonlat: np.ndarray) -> Any: ...
+
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray) -> np.ndarray: ...
+
+
+# --- resolution and CRS ---------------------------------------------------------------
+_RESOLUTION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(m|km|deg|°)?\s*$")
+
+
+def parse_resolution(resolution: float | str) -> tuple[float, str | None]:
+    """Split a resolution into ``(value, unit)``.
+
+    ``0.01`` or ``"0.01"`` -> ``(0.01, None)`` (units of the grid CRS); ``"0.01deg"`` ->
+    ``(0.01, "deg")``; ``"500m"`` -> ``(500.0, "m")``; ``"2km"`` -> ``(2000.0, "m")``.
+    """
+    if isinstance(resolution, (int, float)) and not isinstance(resolution, bool):
+        value, unit = float(resolution), None
+    else:
+        match = _RESOLUTION.match(str(resolution))
+        if match is None:
+            raise InputDataError(
+                f"cannot read resolution {resolution!r}: give a number in the grid CRS units, "
+                "or a number with a unit such as '0.01deg', '500m' or '2km'"
+            )
+        value, unit = float(match.group(1)), match.group(2)
+        if unit == "km":
+            value, unit = value * 1000.0, "m"
+        elif unit == "°":
+            unit = "deg"
+    if not math.isfinite(value) or value <= 0:
+        raise InputDataError(f"resolution must be positive, got {resolution!r}")
+    return value, unit
+
+
+def utm_crs_for(geometry: BaseGeometry) -> pyproj.CRS:
+    """The WGS 84 UTM zone CRS that contains the centre of a lon/lat geometry."""
+    west, south, east, north = geometry.bounds
+    infos = pyproj.database.query_utm_crs_info(
+        datum_name="WGS 84",
+        area_of_interest=pyproj.aoi.AreaOfInterest(west, south, east, north),
+    )
+    if not infos:
+        raise RegionError(f"no UTM zone covers the bounds {geometry.bounds}")
+    lon0, lat0 = (west + east) / 2.0, (south + north) / 2.0
+    zone = int((lon0 + 180.0) // 6.0) + 1
+    code = (32600 if lat0 >= 0 else 32700) + zone
+    for info in infos:
+        if int(info.code) == code:
+            return pyproj.CRS.from_epsg(code)
+    return pyproj.CRS.from_epsg(int(infos[0].code))
+
+
+def _region_geometry(region: RegionLike) -> tuple[BaseGeometry, str]:
+    """A lon/lat shapely geometry and a name for a Region, bbox tuple or geometry."""
+    if isinstance(region, BaseGeometry):
+        return region, "geometry"
+    if isinstance(region, (tuple, list, np.ndarray)):
+        if len(region) != 4:
+            raise RegionError(f"a bbox is (west, south, east, north), got {region!r}")
+        west, south, east, north = (float(v) for v in region)
+        if not (west < east and south < north):
+            raise RegionError(f"bbox must have west < east and south < north, got {region!r}")
+        return shapely.box(west, south, east, north), f"bbox({west}, {south}, {east}, {north})"
+    geometry = getattr(region, "geometry", None)
+    if not isinstance(geometry, BaseGeometry):
+        raise RegionError(f"expected a Region, a (west, south, east, north) bbox or a geometry, got {type(region).__name__}")
+    return geometry, str(getattr(region, "name", "region"))
+
+
+# --- the grid ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RegularGrid:
+    """A north-up raster: ``height`` x ``width`` square cells of side ``resolution`` in ``crs``.
+
+    ``transform`` maps (col, row) of cell corners to CRS coordinates (rasterio convention).
+    ``geometry`` is the region polygon in lon/lat (EPSG:4326); cells whose centre is outside
+    it are masked. Build one with :meth:`over`.
+    """
+
+    crs: pyproj.CRS
+    transform: Affine
+    width: int
+    height: int
+    geometry: BaseGeometry
+    region_name: str = "region"
+
+    @classmethod
+    def over(
+        cls,
+        region: RegionLike,
+        resolution: float | str,
+        *,
+        crs: str | int | pyproj.CRS | None = None,
+    ) -> "RegularGrid":
+        """Cover ``region`` with square cells of ``resolution``.
+
+        Parameters
+        ----------
+        region
+            A :class:`geodbk.regions.Region`, a lon/lat ``(west, south, east, north)`` bbox, or a
+            shapely geometry in EPSG:4326.
+        resolution
+            Cell side. A bare number is in the units of ``crs`` (degrees for EPSG:4326);
+            ``"500m"`` / ``"2km"`` ask for metres, ``"0.01deg"`` for degrees.
+        crs
+            CRS the grid is defined in. Default: EPSG:4326, or the region's UTM zone when
+            the resolution is in metres.
+
+        The grid edges are snapped to multiples of the resolution, so grids of the same
+        resolution over different regions line up.
+        """
+        geometry, name = _region_geometry(region)
+        value, unit = parse_resolution(resolution)
+        if crs is None:
+            grid_crs = utm_crs_for(geometry) if unit == "m" else WGS84
+        else:
+            try:
+                grid_crs = pyproj.CRS.from_user_input(crs)
+            except pyproj.exceptions.CRSError as err:
+                raise InputDataError(f"unknown CRS {crs!r}: {err}") from None
+        if unit == "m" and grid_crs.is_geographic:
+            raise InputDataError(
+                f"resolution {resolution!r} is in metres but {grid_crs.name} is geographic; "
+                "give a projected CRS or leave crs unset to use the region's UTM zone"
+            )
+        if unit == "deg" and not grid_crs.is_geographic:
+            raise InputDataError(
+                f"resolution {resolution!r} is in degrees but {grid_crs.name} is projected; "
+                "give the resolution in metres (e.g. '500m')"
+            )
+        to_grid = pyproj.Transformer.from_crs(WGS84, grid_crs, always_xy=True)
+        west, south, east, north = to_grid.transform_bounds(*geometry.bounds, densify_pts=21)
+        west = math.floor(west / value) * value
+        north = math.ceil(north / value) * value
+        width = max(1, math.ceil(round((east - west) / value, 9)))
+        height = max(1, math.ceil(round((north - south) / value, 9)))
+        transform = Affine(value, 0.0, west, 0.0, -value, north)
+        return cls(grid_crs, transform, int(width), int(height), geometry, name)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(height, width)``, i.e. ``(len(y), len(x))``."""
+        return self.height, self.width
+
+    @property
+    def resolution(self) -> float:
+        """Cell side in CRS units."""
+        return float(self.transform.a)
+
+    @property
+    def x(self) -> np.ndarray:
+        """``(width,)`` cell-centre x coordinates, increasing."""
+        return self.transform.c + (np.arange(self.width) + 0.5) * self.transform.a
+
+    @property
+    def y(self) -> np.ndarray:
+        """``(height,)`` cell-centre y coordinates, decreasing (north-up)."""
+        return self.transform.f + (np.arange(self.height) + 0.5) * self.transform.e
+
+    def _grid_geometry(self) -> BaseGeometry:
+        if self.crs.equals(WGS84):
+            geometry = self.geometry
+        else:
+            to_grid = pyproj.Transformer.from_crs(WGS84, self.crs, always_xy=True)
+            west, south, east, north = self.geometry.bounds
+            # densify first so that long straight edges (a bbox) bend with the projection
+            dense = shapely.segmentize(self.geometry, max(east - west, north - south) / 256.0)
+            geometry = transform_geometry(to_grid.transform, dense)
+        shapely.prepare(geometry)
+        return geometry
+
+    def blocks(self, chunk_rows: int) -> Iterator[slice]:
+        """Row slices of at most ``chunk_rows`` rows that cover the grid top to bottom."""
+        for start in range(0, self.height, chunk_rows):
+            yield slice(start, min(start + chunk_rows, self.height))
+
+    def cells(self, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+        """Cells of a row block: ``(lonlat (m, 2) of the cells inside the region, inside (r, width) bool)``."""
+        return _BlockLocator(self).cells(rows)
+
+    def inside_mask(self) -> np.ndarray:
+        """``(height, width)`` boolean, True where the cell centre is inside the region."""
+        locator = _BlockLocator(self)
+        return np.concatenate([locator.cells(rows)[1] for rows in self.blocks(max(1, DEFAULT_CELLS_PER_CHUNK // self.width))])
+
+    def default_chunk_rows(self) -> int:
+        """Rows per block so that a block has about ``DEFAULT_CELLS_PER_CHUNK`` cells."""
+        return max(1, min(self.height, DEFAULT_CELLS_PER_CHUNK // self.width))
+
+
+class _BlockLocator:
+    """Cell centres of row blocks in the grid CRS and lon/lat, with the region mask."""
+
+    def __init__(self, grid: RegularGrid) -> None:
+        self.grid = grid
+        self.x = grid.x
+        self.y = grid.y
+        self.geometry = grid._grid_geometry()
+        self.to_lonlat = (
+            None if grid.crs.equals(WGS84) else pyproj.Transformer.from_crs(grid.crs, WGS84, always_xy=True)
+        )
+
+    def cells(self, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+        xx, yy = np.meshgrid(self.x, self.y[rows])
+        inside = shapely.contains_xy(self.geometry, xx, yy)
+        px, py = xx[inside], yy[inside]
+        if self.to_lonlat is not None:
+            px, py = self.to_lonlat.transform(px, py)
+        return np.column_stack([px, py]).astype(np.float64, copy=False), inside
+
+
+# --- reference points for kernel slices ------------------------------------------------
+def _local_xy(lonlat: np.ndarray, lat0: float) -> np.ndarray:
+    """Equirectangular km coordinates around latitude ``lat0`` (good enough for nearest tiles)."""
+    k = 111.32
+    return np.column_stack([lonlat[:, 0] * k * math.cos(math.radians(lat0)), lonlat[:, 1] * k])
+
+
+def reference_points(
+    dataset: "SpatialDataset",
+    grid: RegularGrid | None = None,
+    *,
+    radius_km: float = 3.0,
+    max_candidates: int = 40_000,
+) -> dict[str, tuple[float, float]]:
+    """Pick three reference points for kernel slices from a dataset.
+
+    ``urban``: the urban tile with the most urban tiles within ``radius_km``; ``rural``: the
+    rural tile with the most rural tiles within ``radius_km`` (a well-observed rural place);
+    ``wildland``: the cell of ``grid`` (default: a ~0.005 degree grid over the dataset's
+    region) inside the region that is farthest from any observed tile. Returns
+    ``{name: (lon, lat)}`` in degrees.
+    """
+    from scipy.spatial import cKDTree
+
+    frame = dataset.frame.drop_duplicates("quadkey")
+    lonlat = frame[["lon", "lat"]].to_numpy(np.float64)
+    if len(lonlat) == 0:
+        raise InputDataError("the dataset has no tiles to choose reference points from")
+    lat0 = float(np.mean(lonlat[:, 1]))
+    labels = frame["urban_rural"].to_numpy()
+    refs: dict[str, tuple[float, float]] = {}
+    for label in ("urban", "rural"):
+        pts = lonlat[labels == label]
+        if len(pts) == 0:
+            continue
+        xy = _local_xy(pts, lat0)
+        counts = cKDTree(xy).query_ball_point(xy, r=radius_km, return_length=True)
+        best = pts[int(np.argmax(counts))]
+        refs[label] = (float(best[0]), float(best[1]))
+
+    if grid is None:
+        west, south, east, north = dataset.region.geometry.bounds
+        grid = RegularGrid.over(dataset.region, max((east - west), (north - south)) / 400.0)
+    stride = max(1, math.ceil(math.sqrt(grid.width * grid.height / max_candidates)))
+    locator = _BlockLocator(grid)
+    tree = cKDTree(_local_xy(lonlat, lat0))
+    best_d, best_pt = -1.0, None
+    for start in range(0, grid.height, stride * 64):
+        rows = np.arange(start, min(start + stride * 64, grid.height), stride)
+        xx, yy = np.meshgrid(locator.x[::stride], locator.y[rows])
+        inside = shapely.contains_xy(locator.geometry, xx, yy)
+        if not inside.any():
+            continue
+        px, py = xx[inside], yy[inside]
+        if locator.to_lonlat is not None:
+            px, py = locator.to_lonlat.transform(px, py)
+        cand = np.column_stack([px, py])
+        dist, _ = tree.query(_local_xy(cand, lat0))
+        i = int(np.argmax(dist))
+        if dist[i] > best_d:
+            best_d, best_pt = float(dist[i]), cand[i]
+    if best_pt is not None:
+        refs["wildland"] = (float(best_pt[0]), float(best_pt[1]))
+    return refs
+
+
+# --- variables and attributes ---------------------------------------------------------------
+def _model_meta(model: SpatialPredictor) -> dict[str, Any]:
+    meta = getattr(model, "meta", None)
+    return dict(meta) if isinstance(meta, Mapping) else {}
+
+
+def _variable_attrs(target: str, units: str) -> dict[str, dict[str, str]]:
+    u = units
+    log_u = f"log10({u})"
+    what = {"download": "download speed", "upload": "upload speed"}.get(target, target)
+    key = u.lower()
+    return {
+        "mean": {"long_name": f"predictive mean of log10 {what}", "units": log_u},
+        "sd": {"long_name": f"predictive standard deviation of log10 {what}", "units": log_u},
+        "pi_width": {"long_name": f"width of the 95% prediction interval of log10 {what}", "units": log_u},
+        f"mean_{key}": {"long_name": f"predicted median {what} (10**mean)", "units": u},
+        f"lower_{key}": {"long_name": f"lower bound of the 95% prediction interval of {what}", "units": u},
+        f"upper_{key}": {"long_name": f"upper bound of the 95% prediction interval of {what}", "units": u},
+    }
+
+
+def _coordinate_attrs(crs: pyproj.CRS) -> tuple[dict[str, str], dict[str, str]]:
+    if crs.is_geographic:
+        return (
+            {"standard_name": "longitude", "long_name": "longitude of cell centre", "units": "degrees_east", "axis": "X"},
+            {"standard_name": "latitude", "long_name": "latitude of cell centre", "units": "degrees_north", "axis": "Y"},
+        )
+    unit = crs.axis_info[0].unit_name if crs.axis_info else "metre"
+    units = "m" if unit in ("metre", "meter") else unit
+    return (
+        {"standard_name": "projection_x_coordinate", "long_name": "x of cell centre", "units": units, "axis": "X"},
+        {"standard_name": "projection_y_coordinate", "long_name": "y of cell centre", "units": units, "axis": "Y"},
+    )
+
+
+def _block_values(
+    model: SpatialPredictor, lonlat: np.ndarray, ref_lonlat: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """Model outputs at ``(m, 2)`` lon/lat: 1-D float64 arrays (kernel_slice is (m, k))."""
+    pred = model.predict(lonlat)
+    mean = np.asarray(pred.mean, dtype=np.float64).reshape(-1)
+    sd = np.asarray(pred.sd, dtype=np.float64).reshape(-1)
+    if mean.shape != (len(lonlat),) or sd.shape != (len(lonlat),):
+        raise InputDataError(f"model.predict returned mean {mean.shape} / sd {sd.shape} for {len(lonlat)} points")
+    out = {
+        "mean": mean,
+        "sd": sd,
+        "pi_width": 2.0 * Z95 * sd,
+        "mean_": 10.0**mean,
+        "lower_": 10.0 ** (mean - Z95 * sd),
+        "upper_": 10.0 ** (mean + Z95 * sd),
+    }
+    if ref_lonlat is not None:
+        k = np.asarray(model.kernel_slice(lonlat, ref_lonlat), dtype=np.float64)
+        if k.shape != (len(lonlat), len(ref_lonlat)):
+            raise InputDataError(f"model.kernel_slice returned {k.shape}, expected {(len(lonlat), len(ref_lonlat))}")
+        out["kernel_slice"] = k
+    return out
+
+
+def _template(
+    grid: RegularGrid,
+    model: SpatialPredictor,
+    refs: Mapping[str, tuple[float, float]] | None,
+    *,
+    lazy: bool,
+    chunk_rows: int,
+) -> xr.Dataset:
+    """The empty result dataset (NaN) with coordinates, CF attributes and the CRS."""
+    import dask.array as da
+
+    meta = _model_meta(model)
+    target = str(meta.get("target", "download"))
+    units = str(meta.get("units", "Mbps"))
+    attrs = _variable_attrs(target, units)
+    shape = grid.shape
+
+    def empty(*lead: int) -> Any:
+        full = (*lead, *shape)
+        if lazy:
+            return da.full(full, np.nan, dtype=np.float32, chunks=(*lead, chunk_rows, grid.width))
+        return np.full(full, np.nan, dtype=np.float32)
+
+    data_vars = {name: (("y", "x"), empty(), a) for name, a in attrs.items()}
+    coords: dict[str, Any] = {}
+    x_attrs, y_attrs = _coordinate_attrs(grid.crs)
+    coords["x"] = ("x", grid.x, x_attrs)
+    coords["y"] = ("y", grid.y, y_attrs)
+    if refs:
+        names = list(refs)
+        ref_arr = np.asarray([refs[n] for n in names], dtype=np.float64)
+        coords["ref"] = ("ref", np.asarray(names, dtype=str), {"long_name": "reference point name"})
+        coords["ref_lon"] = ("ref", ref_arr[:, 0], {"long_name": "reference point longitude", "units": "degrees_east"})
+        coords["ref_lat"] = ("ref", ref_arr[:, 1], {"long_name": "reference point latitude", "units": "degrees_north"})
+        data_vars["kernel_slice"] = (
+            ("ref", "y", "x"),
+            empty(len(names)),
+            {
+                "long_name": "prior kernel k(x, x_ref) between each cell and the reference point",
+                "units": f"log10({units})^2",
+            },
+        )
+    ds = xr.Dataset(data_vars, coords=coords)
+    ds.attrs = {
+        "title": f"geodbk predictive map of log10 {target} ({units})",
+        "Conventions": "CF-1.8",
+        "source": f"geodbk model {meta.get('kind', type(model).__name__)}",
+        "target": target,
+        "units": units,
+        "region": grid.region_name,
+        "resolution": grid.resolution,
+        "prediction_interval": "95% (mean +/- 1.959964 sd)",
+        "nodata": "NaN outside the region",
+    }
+    for key in ("kind", "quarters"):
+        if key in meta:
+            ds.attrs[f"model_{key}"] = str(meta[key])
+    ds = ds.rio.write_crs(grid.crs)
+    ds = ds.rio.write_transform(grid.transform)
+    return ds.rio.write_coordinate_system()
+
+
+# --- prediction -------------------------------------------------------------------------
+class _MemorySink:
+    def __init__(self, template: xr.Dataset) -> None:
+        self.ds = template
+
+    def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
+        for name, values in block.items():
+            if values.ndim == 2:
+                self.ds[name].values[rows] = values
+            else:
+                self.ds[name].values[:, rows] = values
+
+    def finish(self) -> xr.Dataset:
+        return self.ds
+
+
+class _ZarrSink:
+    def __init__(self, template: xr.Dataset, path: Path) -> None:
+        self.path = path
+        encoding = {
+            name: {**template[name].encoding, "chunks": template[name].data.chunksize} for name in template.data_vars
+        }
+        template.to_zarr(path, mode="w", compute=False, encoding=encoding, consolidated=True)
+
+    def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
+        data_vars = {}
+        for name, values in block.items():
+            dims = ("y", "x") if values.ndim == 2 else ("ref", "y", "x")
+            data_vars[name] = (dims, values)
+        xr.Dataset(data_vars).to_zarr(self.path, region={"y": rows}, mode="r+")
+
+    def finish(self) -> xr.Dataset:
+        return open_grid(self.path)
+
+
+class _NetCDFSink:
+    def __init__(self, template: xr.Dataset, path: Path) -> None:
+        import netCDF4
+
+        self.path = path
+        encoding = {
+            name: {**template[name].encoding, "zlib": True, "complevel": 4, "chunksizes": template[name].data.chunksize, "_FillValue": np.float32(np.nan)}
+            for name in template.data_vars
+        }
+        template.to_netcdf(path, mode="w", compute=False, encoding=encoding, engine="netcdf4")
+        self.nc = netCDF4.Dataset(path, "a")
+        self.nc.set_auto_mask(False)
+
+    def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
+        for name, values in block.items():
+            if values.ndim == 2:
+                self.nc[name][rows, :] = values
+            else:
+                self.nc[name][:, rows, :] = values
+
+    def finish(self) -> xr.Dataset:
+        self.nc.close()
+        return open_grid(self.path)
+
+
+def predict_grid(
+    model: SpatialPredictor,
+    grid: RegularGrid,
+    *,
+    refs: Mapping[str, tuple[float, float]] | None = None,
+    chunk_rows: int | None = None,
+    store: str | Path | None = None,
+    progress: bool = True,
+) -> xr.Dataset:
+    """Predict ``model`` on every cell of ``grid`` inside the region, one row block at a time.
+
+    Parameters
+    ----------
+    model
+        A fitted :class:`SpatialPredictor` (e.g. :class:`geodbk.geomodel.GeoModel`); its
+        ``meta`` (``target``, ``units``, ``kind``) names the variables when present.
+    grid
+        The :class:`RegularGrid` to fill.
+    refs
+        ``{name: (lon, lat)}`` reference points for the ``kernel_slice`` variable (see
+        :func:`reference_points`); no ``kernel_slice`` when empty.
+    chunk_rows
+        Grid rows per block (default: about 262k cells per block). Peak memory grows with
+        this, not with the grid size, when ``store`` is given.
+    store
+        Write blocks straight into this Zarr (``*.zarr``) or NetCDF (``*.nc``) store and
+        return it opened lazily; without it the result is built in memory.
+    progress
+        Show a tqdm bar over blocks.
+
+    Returns
+    -------
+    xarray.Dataset
+        Variables as listed in the module docstring, float32, NaN outside the region, with
+        CF attributes and the CRS in a ``spatial_ref`` coordinate (rioxarray convention).
+    """
+    rows_per_block = grid.default_chunk_rows() if chunk_rows is None else int(chunk_rows)
+    if rows_per_block < 1:
+        raise InputDataError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    rows_per_block = min(rows_per_block, grid.height)
+    ref_lonlat = None
+    if refs:
+        ref_lonlat = np.asarray([tuple(map(float, refs[n])) for n in refs], dtype=np.float64)
+        if ref_lonlat.shape != (len(refs), 2) or not np.isfinite(ref_lonlat).all():
+            raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
+    if store is None:
+        sink: Any = _MemorySink(_template(grid, model, refs, lazy=False, chunk_rows=rows_per_block))
+    else:
+        path = Path(store)
+        template = _template(grid, model, refs, lazy=True, chunk_rows=rows_per_block)
+        if path.suffix == ".zarr":
+            sink = _ZarrSink(template, path)
+        elif path.suffix in (".nc", ".nc4"):
+            sink = _NetCDFSink(template, path)
+        else:
+            raise InputDataError(f"store must end in .zarr or .nc, got {path.name}")
+
+    units_key = str(_model_meta(model).get("units", "Mbps")).lower()
+    locator = _BlockLocator(grid)
+    blocks = list(grid.blocks(rows_per_block))
+    for rows in tqdm(blocks, desc="predicting grid", unit="block", disable=not progress):
+        lonlat, inside = locator.cells(rows)
+        n_rows = inside.shape[0]
+        block: dict[str, np.ndarray] = {}
+        values = _block_values(model, lonlat, ref_lonlat) if len(lonlat) else {}
+        names = ["mean", "sd", "pi_width", "mean_", "lower_", "upper_"]
+        for name in names:
+            out = np.full((n_rows, grid.width), np.nan, dtype=np.float32)
+            if values:
+                out[inside] = values[name]
+            block[name + units_key if name.endswith("_") else name] = out
+        if ref_lonlat is not None:
+            out = np.full((len(ref_lonlat), n_rows, grid.width), np.nan, dtype=np.float32)
+            if values:
+                out[:, inside] = values["kernel_slice"].T
+            block["kernel_slice"] = out
+        sink.write(rows, block)
+    return sink.finish()
+
+
+def predict_region(
+    model: SpatialPredictor,
+    region: RegionLike,
+    resolution: float | str,
+    *,
+    crs: str | int | pyproj.CRS | None = None,
+    refs: Mapping[str, tuple[float, float]] | None = None,
+    chunk_rows: int | None = None,
+    store: str | Path | None = None,
+    progress: bool = True,
+) -> xr.Dataset:
+    """:meth:`RegularGrid.over` then :func:`predict_grid`; see both for the arguments."""
+    grid = RegularGrid.over(region, resolution, crs=crs)
+    return predict_grid(model, grid, refs=refs, chunk_rows=chunk_rows, store=store, progress=progress)
+
+
+def open_grid(path: str | Path) -> xr.Dataset:
+    """Open a grid written by :func:`predict_grid` or :mod:`geodbk.export` (NetCDF or Zarr), lazily."""
+    path = Path(path)
+    if not path.exists():
+        raise InputDataError(f"no grid at {path}")
+    try:
+        if path.suffix == ".zarr" or path.is_dir():
+            ds = xr.open_zarr(path, decode_coords="all")
+        else:
+            ds = xr.open_dataset(path, decode_coords="all")
+    except (OSError, ValueError) as err:
+        raise InputDataError(f"cannot open grid {path}: {err}") from None
+    return ds
+
+
+def parse_refs(items: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """Parse ``["name:lon,lat", ...]`` (degrees) into ``{name: (lon, lat)}``."""
+    refs: dict[str, tuple[float, float]] = {}
+    for item in items:
+        name, sep, rest = item.partition(":")
+        parts = rest.split(",")
+        try:
+            if not sep or not name or len(parts) != 2:
+                raise ValueError
+            lon, lat = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise InputDataError(f"reference point {item!r} is not name:lon,lat (e.g. sanjuan:-66.06,18.45)") from None
+        if not (-180 <= lon <= 180 and -90 <= lat <= 90):
+            raise InputDataError(f"reference point {item!r} is outside lon [-180, 180] / lat [-90, 90]")
+        refs[name] = (lon, lat)
+    return refs
+
+
+__all__ = [
+    "Z95",
+    "RegularGrid",
+    "SpatialPredictor",
+    "open_grid",
+    "parse_refs",
+    "parse_resolution",
+    "predict_grid",
+    "predict_region",
+    "reference_points",
+    "utm_crs_for",
+]
