@@ -1,0 +1,430 @@
+"""The spatial regression dataset: one row per (tile, quarter), inputs scaled to [-1, 1]^2.
+
+``build_dataset`` runs the ingest chain (read tiles -> select service and quarters -> clip
+to the region -> choose the target -> tag urban/rural -> scale -> split 8:1:1) and returns a
+:class:`SpatialDataset`, which saves to and loads from one GeoParquet file with all of its
+metadata in the file's key-value metadata (key ``geodbk``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import shapely
+
+from geodbk import paths
+from geodbk.errors import InputDataError, RegionError
+from geodbk.ookla import SERVICES, read_tiles
+from geodbk.quadkey import quadkey_centres
+from geodbk.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
+from geodbk.urbanrural import tag_urban_rural
+
+#: target name -> (source column, divisor to the unit, unit)
+TARGETS: dict[str, tuple[str, float, str]] = {
+    "download": ("avg_d_kbps", 1000.0, "Mbps"),
+    "upload": ("avg_u_kbps", 1000.0, "Mbps"),
+    "latency": ("avg_lat_ms", 1.0, "ms"),
+}
+SPLITS = ("train", "val", "test")
+#: Share of rows in train / val / test.
+SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+_METADATA_KEY = b"geodbk"
+_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CoordinateTransform:
+    """Affine map of a lon/lat bounding box onto ``[-1, 1]^2``.
+
+    Attributes:
+        west, south, east, north: the box, degrees (EPSG:4326).
+    """
+
+    west: float
+    south: float
+    east: float
+    north: float
+
+    def __post_init__(self) -> None:
+        if not (self.east > self.west and self.north > self.south):
+            raise InputDataError(f"degenerate bounding box {self.to_dict()}")
+
+    @classmethod
+    def from_bounds(cls, bounds: Iterable[float]) -> "CoordinateTransform":
+        """From ``(west, south, east, north)``."""
+        west, south, east, north = (float(v) for v in bounds)
+        return cls(west, south, east, north)
+
+    def to_unit(self, lonlat: np.ndarray) -> np.ndarray:
+        """``(n, 2)`` lon/lat degrees -> ``(n, 2)`` float64 coordinates, the box -> [-1, 1]^2."""
+        lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
+        lo = np.array([self.west, self.south])
+        span = np.array([self.east - self.west, self.north - self.south])
+        return 2.0 * (lonlat - lo) / span - 1.0
+
+    def to_lonlat(self, xy: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`to_unit`: ``(n, 2)`` scaled -> ``(n, 2)`` lon/lat degrees."""
+        xy = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
+        lo = np.array([self.west, self.south])
+        span = np.array([self.east - self.west, self.north - self.south])
+        return (xy + 1.0) / 2.0 * span + lo
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CoordinateTransform":
+        return cls(float(d["west"]), float(d["south"]), float(d["east"]), float(d["north"]))
+
+
+@dataclass
+class SpatialDataset:
+    """A tile dataset ready for a model.
+
+    Attributes:
+        frame: one row per (tile, quarter) with columns ``quadkey, year, quarter, service,
+            tests, devices, lon, lat`` (tile centre, degrees), ``x1, x2`` (scaled to [-1, 1]),
+            ``value`` (target in ``units``), ``y`` (log10 value), ``urban_rural``, ``split``
+            and ``geometry`` (tile polygon, EPSG:4326).
+        transform: lon/lat <-> scaled coordinates.
+        region: the study region.
+        target: ``"download"``, ``"upload"`` or ``"latency"``.
+        units: ``"Mbps"`` or ``"ms"``.
+        urban_route: the urban/rural route that tagged the rows.
+        dropped: rows dropped on the way, by reason.
+        seed: seed of the train/val/test permutation.
+        buffer_deg: region buffer used when clipping, degrees.
+    """
+
+    frame: gpd.GeoDataFrame
+    transform: CoordinateTransform
+    region: Region
+    target: str
+    units: str
+    urban_route: str
+    dropped: dict[str, int] = field(default_factory=dict)
+    seed: int = 0
+    buffer_deg: float = DEFAULT_BUFFER_DEG
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    @property
+    def quarters(self) -> list[str]:
+        """Quarters present, sorted, as ``"2023Q4"`` strings."""
+        pairs = self.frame[["year", "quarter"]].drop_duplicates().sort_values(["year", "quarter"])
+        return [f"{y}Q{q}" for y, q in pairs.itertuples(index=False)]
+
+    def subset(self, split: str) -> gpd.GeoDataFrame:
+        """Rows of one split (``"train"``, ``"val"``, ``"test"``) or ``"all"``."""
+        if split == "all":
+            return self.frame
+        if split not in SPLITS:
+            raise InputDataError(f"split must be one of {SPLITS} or 'all', got {split!r}")
+        return self.frame[self.frame["split"] == split]
+
+    def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``X`` (n, 2) float64 scaled inputs, ``y`` (n,) log10 target, ``urban_rural`` (n,) str."""
+        rows = self.subset(split)
+        X = rows[["x1", "x2"]].to_numpy(dtype=np.float64)
+        y = rows["y"].to_numpy(dtype=np.float64)
+        return X, y, rows["urban_rural"].to_numpy(dtype=object).astype(str)
+
+    def summary(self) -> str:
+        """Printable overview: rows per quarter and split, urban/rural per split, target stats."""
+        f = self.frame
+        lines = [
+            f"SpatialDataset: {self.region.name}, {self.target} ({self.units}), y = log10({self.target})",
+            f"rows: {len(f):,} in {len(self.quarters)} quarter(s) "
+            f"{self.quarters[0]}..{self.quarters[-1]}; split 8:1:1 with seed {self.seed}",
+            "transform box (W S E N): " + " ".join(f"{v:.6f}" for v in self.transform.to_dict().values()),
+            f"urban/rural route: {self.urban_route}",
+            "dropped: " + (", ".join(f"{k} {v:,}" for k, v in self.dropped.items()) or "none"),
+        ]
+        labels = f["year"].astype(str) + "Q" + f["quarter"].astype(str)
+        per_quarter = pd.crosstab(labels, f["split"]).reindex(columns=list(SPLITS), fill_value=0)
+        per_quarter["total"] = per_quarter.sum(axis=1)
+        per_quarter.loc["total"] = per_quarter.sum()
+        per_quarter.index.name, per_quarter.columns.name = "quarter", None
+        lines += ["", "rows per quarter and split:", per_quarter.to_string()]
+        ur = pd.crosstab(f["split"], f["urban_rural"]).reindex(index=list(SPLITS), fill_value=0)
+        ur = ur.reindex(columns=["urban", "rural"], fill_value=0)
+        ur["urban %"] = (100.0 * ur["urban"] / ur.sum(axis=1).where(lambda s: s > 0)).round(1)
+        ur.index.name, ur.columns.name = "split", None
+        lines += ["", "urban/rural rows per split:", ur.to_string()]
+        groups = f.groupby("split", observed=True)
+        stats = pd.DataFrame(
+            {
+                "n": groups.size(),
+                f"mean {self.units}": groups["value"].mean(),
+                f"median {self.units}": groups["value"].median(),
+                f"min {self.units}": groups["value"].min(),
+                f"max {self.units}": groups["value"].max(),
+                "mean y": groups["y"].mean(),
+                "sd y": groups["y"].std(),
+                "min y": groups["y"].min(),
+                "max y": groups["y"].max(),
+            }
+        ).reindex(list(SPLITS))
+        stats.index.name = "split"
+        lines += ["", f"target {self.target} ({self.units}; y = log10):", stats.round(3).to_string()]
+        return "\n".join(lines)
+
+    def metadata(self) -> dict:
+        """Everything but the frame, as JSON-able values (stored with the file)."""
+        return {
+            "format_version": _FORMAT_VERSION,
+            "transform": self.transform.to_dict(),
+            "region": {
+                "name": self.region.name,
+                "code": self.region.code,
+                "wkb_hex": shapely.to_wkb(self.region.geometry, hex=True),
+            },
+            "target": self.target,
+            "units": self.units,
+            "urban_route": self.urban_route,
+            "dropped": {k: int(v) for k, v in self.dropped.items()},
+            "seed": int(self.seed),
+            "buffer_deg": float(self.buffer_deg),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write GeoParquet with the metadata; atomic (temp file in the same folder, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        self.frame.to_parquet(buffer, index=False)
+        table = pq.read_table(io.BytesIO(buffer.getvalue()))
+        meta = dict(table.schema.metadata or {})
+        meta[_METADATA_KEY] = json.dumps(self.metadata()).encode()
+        table = table.replace_schema_metadata(meta)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SpatialDataset":
+        """Read a file written by :meth:`save`."""
+        path = Path(path)
+        try:
+            schema_meta = pq.read_schema(path).metadata or {}
+            frame = gpd.read_parquet(path)
+        except Exception as err:  # pyarrow and geopandas raise several types for bad files
+            raise InputDataError(f"cannot read dataset file {path}: {err}") from err
+        if _METADATA_KEY not in schema_meta:
+            raise InputDataError(f"{path} is not a geodbk dataset (no '{_METADATA_KEY.decode()}' metadata)")
+        meta = json.loads(schema_meta[_METADATA_KEY])
+        region = meta["region"]
+        return cls(
+            frame=frame,
+            transform=CoordinateTransform.from_dict(meta["transform"]),
+            region=Region(region["name"], shapely.from_wkb(region["wkb_hex"]), region["code"]),
+            target=meta["target"],
+            units=meta["units"],
+            urban_route=meta["urban_route"],
+            dropped=dict(meta["dropped"]),
+            seed=int(meta["seed"]),
+            buffer_deg=float(meta["buffer_deg"]),
+        )
+
+
+def parse_quarters(quarters: str | Sequence[str | tuple[int, int]] | None) -> list[tuple[int, int]] | None:
+    """``"2023Q1,2023Q4"`` / ``["2023Q1", (2023, 4)]`` -> ``[(2023, 1), (2023, 4)]``; None stays None."""
+    if quarters is None:
+        return None
+    items = quarters.split(",") if isinstance(quarters, str) else list(quarters)
+    out = []
+    for item in items:
+        if isinstance(item, tuple):
+            year, q = item
+        else:
+            text = str(item).strip().upper()
+            if len(text) != 6 or text[4] != "Q" or not text[:4].isdigit() or text[5] not in "1234":
+                raise InputDataError(f"bad quarter {item!r}: write it like 2023Q4")
+            year, q = int(text[:4]), int(text[5])
+        out.append((int(year), int(q)))
+    if not out:
+        raise InputDataError("no quarters given")
+    return out
+
+
+def split_labels(n: int, seed: int) -> np.ndarray:
+    """``(n,)`` array of "train"/"val"/"test" in proportion 8:1:1, from ``default_rng(seed)``."""
+    n_train = int(np.floor(SPLIT_FRACTIONS[0] * n))
+    n_val = int(np.floor(SPLIT_FRACTIONS[1] * n))
+    labels = np.empty(n, dtype=object)
+    order = np.random.default_rng(seed).permutation(n)
+    labels[order[:n_train]] = "train"
+    labels[order[n_train : n_train + n_val]] = "val"
+    labels[order[n_train + n_val :]] = "test"
+    return labels
+
+
+def _check_keys(tiles: pd.DataFrame) -> None:
+    required = ["quadkey", "year", "quarter", "service"]
+    missing = [c for c in required + [c for c, _, _ in TARGETS.values()] if c not in tiles.columns]
+    if missing:
+        raise InputDataError(f"tiles are missing column(s) {missing}; read them with geodbk.ookla.read_tiles")
+    for col in required:
+        n_null = int(tiles[col].isna().sum())
+        if n_null:
+            raise InputDataError(f"tiles: {n_null} row(s) have no {col} (a required key column)")
+
+
+def build_dataset(
+    tiles: gpd.GeoDataFrame | str | Path | Sequence[str | Path],
+    region: str | Path | Region,
+    *,
+    target: str = "download",
+    quarters: str | Sequence[str | tuple[int, int]] | None = None,
+    seed: int = 0,
+    urban_areas: str | Path | gpd.GeoDataFrame | None = None,
+    urban_threshold: float = 0.5,
+    service: str | None = None,
+    buffer_deg: float = DEFAULT_BUFFER_DEG,
+    cache_dir: str | Path | None = None,
+) -> SpatialDataset:
+    """Build a :class:`SpatialDataset` from Ookla tiles.
+
+    Args:
+        tiles: normalised tiles (:func:`geodbk.ookla.read_tiles`) or what it reads.
+        region: state name / USPS / FIPS, polygon file, or :class:`Region`.
+        target: ``"download"`` (Mbps), ``"upload"`` (Mbps) or ``"latency"`` (ms).
+        quarters: keep only these, e.g. ``"2023Q1,2023Q4"``; ``None`` keeps all.
+        seed: seed of the 8:1:1 train/val/test permutation.
+        urban_areas: Census Urban Area polygons; ``None`` uses the county urban share.
+        urban_threshold: county route: urban when the county urban share >= this.
+        service: keep only ``"mobile"`` or ``"fixed"`` tiles (``None``: all; it is an error
+            if the tiles then mix both).
+        buffer_deg: grow the region by this many degrees before clipping.
+        cache_dir: download cache for URLs.
+
+    Rows whose target is zero, negative or missing are dropped and counted in
+    ``dropped`` (as are rows outside the region and the truncated quarter).
+
+    Raises:
+        InputDataError: unknown target, missing columns or key values, no rows for a quarter.
+        RegionError: unknown region or nothing left after clipping.
+    """
+    if target not in TARGETS:
+        raise InputDataError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
+    column, divisor, units = TARGETS[target]
+    if not isinstance(tiles, pd.DataFrame):
+        tiles = read_tiles(tiles, cache_dir=cache_dir)
+    _check_keys(tiles)
+    dropped: dict[str, int] = {**tiles.attrs.get("dropped", {})}
+    region = load_region(region)
+
+    if service is not None:
+        if service not in SERVICES:
+            raise InputDataError(f"service must be one of {SERVICES}, got {service!r}")
+        keep = (tiles["service"] == service).to_numpy()
+        if not keep.any():
+            raise InputDataError(f"no {service} tiles (services present: {sorted(tiles['service'].unique())})")
+        tiles = tiles[keep]
+    elif tiles["service"].nunique() > 1:
+        raise InputDataError(f"tiles mix services {sorted(tiles['service'].unique())}; pass service=")
+
+    wanted = parse_quarters(quarters)
+    if wanted is not None:
+        present = set(zip(tiles["year"].astype(int), tiles["quarter"].astype(int)))
+        absent = [f"{y}Q{q}" for y, q in wanted if (y, q) not in present]
+        if absent:
+            have = ", ".join(f"{y}Q{q}" for y, q in sorted(present))
+            raise InputDataError(f"no tiles for quarter(s) {absent}; the tiles hold {have}")
+        key = tiles["year"].astype(np.int64) * 10 + tiles["quarter"].astype(np.int64)
+        tiles = tiles[key.isin([y * 10 + q for y, q in wanted]).to_numpy()]
+
+    clipped = clip_to_region(tiles, region, buffer_deg=buffer_deg)
+    dropped["outside_region"] = clipped.attrs["dropped"]["outside_region"]
+
+    raw = clipped[column].to_numpy(dtype=np.float64)
+    missing = np.isnan(raw)
+    non_positive = ~missing & (raw <= 0)
+    dropped["missing_value"] = int(missing.sum())
+    dropped["zero_value"] = int(non_positive.sum())
+    kept = clipped[~(missing | non_positive)]
+    if len(kept) == 0:
+        raise InputDataError(f"no tiles with a positive {target} value in {region.name}")
+
+    kept = kept.sort_values(["year", "quarter", "quadkey"], kind="stable").reset_index(drop=True)
+    tagged, route = tag_urban_rural(kept, urban_areas=urban_areas, threshold=urban_threshold, cache_dir=cache_dir)
+
+    transform = CoordinateTransform.from_bounds(region.buffered(buffer_deg).bounds)
+    codes, uniques = pd.factorize(tagged["quadkey"])
+    lonlat = quadkey_centres(np.asarray(uniques, dtype=object))[codes]
+    xy = transform.to_unit(lonlat)
+    value = tagged[column].to_numpy(dtype=np.float64) / divisor
+    frame = gpd.GeoDataFrame(
+        {
+            "quadkey": tagged["quadkey"].to_numpy(),
+            "year": tagged["year"].to_numpy(dtype=np.int16),
+            "quarter": tagged["quarter"].to_numpy(dtype=np.int16),
+            "service": tagged["service"].to_numpy(),
+            "tests": tagged["tests"].to_numpy(dtype=np.int64),
+            "devices": tagged["devices"].to_numpy(dtype=np.int64),
+            "lon": lonlat[:, 0],
+            "lat": lonlat[:, 1],
+            "x1": xy[:, 0],
+            "x2": xy[:, 1],
+            "value": value,
+            "y": np.log10(value),
+            "urban_rural": tagged["urban_rural"].to_numpy(),
+            "split": split_labels(len(tagged), seed),
+        },
+        geometry=tagged.geometry.to_numpy(),
+        crs=4326,
+    )
+    for col in ("quadkey", "service", "urban_rural", "split"):
+        frame[col] = frame[col].astype("str")
+    return SpatialDataset(
+        frame=frame,
+        transform=transform,
+        region=region,
+        target=target,
+        units=units,
+        urban_route=route,
+        dropped=dropped,
+        seed=seed,
+        buffer_deg=buffer_deg,
+    )
+
+
+#: Shipped sample tiles by USPS code.
+SAMPLE_TILES = {"PR": paths.PUERTO_RICO_MOBILE, "HI": paths.HAWAII_MOBILE}
+
+
+def sample_tiles_path(region: str | Region) -> Path:
+    """The shipped mobile tile file for a region (Puerto Rico or Hawaii)."""
+    code = load_region(region).code
+    if code not in SAMPLE_TILES:
+        raise RegionError(f"the shipped sample covers Puerto Rico (PR) and Hawaii (HI) only, not {region!r}")
+    return SAMPLE_TILES[code]
+
+
+def load_sample_dataset(
+    region: str = "PR",
+    target: str = "download",
+    quarters: str | Sequence[str | tuple[int, int]] | None = None,
+    **kw,
+) -> SpatialDataset:
+    """Build a dataset from the shipped mobile sample (``"PR"`` or ``"HI"``, 2019Q1-2023Q4).
+
+    Keyword arguments go to :func:`build_dataset`.
+    """
+    return build_dataset(sample_tiles_path(region), region, target=target, quarters=quarters, **kw)

@@ -1,0 +1,346 @@
+"""Read Ookla open-data speed-test tiles into one normalised GeoDataFrame.
+
+Sources: Ookla's own quarterly files (Parquet with a WKT ``tile`` column, or zipped
+shapefiles), GeoJSON (plain or several inside a zip, as published by downstream projects),
+and the Parquet sample shipped in ``data/`` (which adds region, service, year, quarter and
+``quarter_incomplete`` columns). A source may be a local path or an http(s) URL; URLs are
+downloaded once into a cache folder.
+
+Normalised columns: ``quadkey`` (str), ``year`` (int16), ``quarter`` (int16), ``service``
+(str), ``avg_d_kbps``, ``avg_u_kbps`` (kbit/s), ``avg_lat_ms`` (ms) as float64 so that a
+missing value stays NaN, ``tests``, ``devices`` (int64) and ``geometry`` = tile polygon in
+EPSG:4326. Null, empty or missing geometries are rebuilt from the quadkey.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import shapely
+from tqdm.auto import tqdm
+
+from geodbk import paths
+from geodbk.errors import DownloadError, InputDataError
+from geodbk.quadkey import quadkey_polygons, quadkey_to_tile
+
+#: Public https root of Ookla's open-data S3 bucket (``s3://ookla-open-data``).
+OOKLA_BUCKET_URL = "https://ookla-open-data.s3.amazonaws.com"
+SERVICES = ("mobile", "fixed")
+#: Ookla's value columns, present in every Ookla file.
+VALUE_COLUMNS = ("avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices")
+#: Columns of the normalised tiles frame, in order.
+TILE_COLUMNS = ("quadkey", "year", "quarter", "service", *VALUE_COLUMNS, "geometry")
+
+_QUARTER_IN_NAME = re.compile(r"(?<!\d)(20\d\d)[_-]?[Qq]([1-4])(?!\d)")
+_OOKLA_DATE_IN_NAME = re.compile(r"(?<!\d)(20\d\d)-(01|04|07|10)-01_performance")
+_HIVE_IN_NAME = re.compile(r"year=(20\d\d)/quarter=([1-4])")
+_SERVICE_IN_NAME = re.compile(r"(?:^|[^a-z])(mobile|fixed)(?:[^a-z]|$)")
+
+
+def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> str:
+    """The https URL of Ookla's global tile file for one quarter.
+
+    Args:
+        service: ``"mobile"`` or ``"fixed"``.
+        year: 2019 onwards.
+        quarter: 1-4.
+        fmt: ``"parquet"`` or ``"shapefile"`` (a zip).
+
+    Example:
+        ``ookla_url("mobile", 2023, 4)`` ->
+        ``https://ookla-open-data.s3.amazonaws.com/parquet/performance/type=mobile/year=2023/quarter=4/2023-10-01_performance_mobile_tiles.parquet``
+    """
+    if service not in SERVICES:
+        raise InputDataError(f"service must be one of {SERVICES}, got {service!r}")
+    if quarter not in (1, 2, 3, 4):
+        raise InputDataError(f"quarter must be 1-4, got {quarter!r}")
+    if int(year) < 2019:
+        raise InputDataError(f"Ookla open data starts in 2019, got year {year}")
+    folder, ext = {"parquet": ("parquet", "parquet"), "shapefile": ("shapefiles", "zip")}.get(fmt, (None, None))
+    if folder is None:
+        raise InputDataError(f"fmt must be 'parquet' or 'shapefile', got {fmt!r}")
+    month = 3 * (quarter - 1) + 1
+    name = f"{int(year)}-{month:02d}-01_performance_{service}_tiles.{ext}"
+    return f"{OOKLA_BUCKET_URL}/{folder}/performance/type={service}/year={int(year)}/quarter={quarter}/{name}"
+
+
+def is_url(source: object) -> bool:
+    """True for an ``http://`` or ``https://`` string."""
+    return isinstance(source, str) and source.lower().startswith(("http://", "https://"))
+
+
+def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.0) -> Path:
+    """Download ``url`` into the cache once and return the local path.
+
+    The file lands in ``cache_dir/<hash of url>/<file name>``; a second call for the same
+    URL returns that path without any request. The download streams into a temporary file
+    in the same folder that is renamed into place only when complete, so an interrupted
+    download never leaves a half-written file behind.
+
+    Args:
+        url: http(s) URL.
+        cache_dir: cache folder; defaults to :data:`geodbk.paths.CACHE_DIR`.
+        timeout: seconds to wait for the server.
+
+    Raises:
+        DownloadError: the server is unreachable or answers with an HTTP error.
+    """
+    if not is_url(url):
+        raise DownloadError(f"not an http(s) URL: {url!r}")
+    cache = Path(cache_dir) if cache_dir is not None else paths.CACHE_DIR
+    name = Path(urllib.parse.urlparse(url).path).name or "download"
+    target = cache / hashlib.sha256(url.encode()).hexdigest()[:16] / name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=name, leave=False) as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+        os.replace(tmp_name, target)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise DownloadError(f"cannot download {url}: {getattr(err, 'reason', err)}") from err
+    return target
+
+
+def parse_quarter(name: str) -> tuple[int, int] | None:
+    """``(year, quarter)`` from a file name or URL, or ``None``.
+
+    Understands ``..._ookla_2023Q4.geojson``, Ookla's ``2023-10-01_performance_...`` and
+    the hive form ``year=2023/quarter=4``. The rightmost match wins, so a member of a zip
+    (``tiles_2020Q3_2023Q4.zip/x_2023Q4.geojson``) is named by its own file name.
+    """
+    found = []
+    for m in _HIVE_IN_NAME.finditer(name):
+        found.append((m.start(), int(m.group(1)), int(m.group(2))))
+    for m in _OOKLA_DATE_IN_NAME.finditer(name):
+        found.append((m.start(), int(m.group(1)), (int(m.group(2)) - 1) // 3 + 1))
+    for m in _QUARTER_IN_NAME.finditer(name):
+        found.append((m.start(), int(m.group(1)), int(m.group(2))))
+    if not found:
+        return None
+    _, year, quarter = max(found)
+    return year, quarter
+
+
+def parse_service(name: str) -> str | None:
+    """``"mobile"`` or ``"fixed"`` if the file name or URL says which, else ``None``."""
+    m = _SERVICE_IN_NAME.search(name.lower().replace("type=", "/"))
+    return m.group(1) if m else None
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        schema = pq.read_schema(path)
+        if schema.metadata and b"geo" in schema.metadata:
+            return gpd.read_parquet(path)
+        return pd.read_parquet(path)
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise InputDataError(f"cannot read Parquet file {path}: {err}") from err
+
+
+def _read_vector(uri: str, label: str) -> gpd.GeoDataFrame:
+    try:
+        frame = gpd.read_file(uri)
+    except Exception as err:  # pyogrio raises several error types for unreadable files
+        raise InputDataError(f"cannot read {label}: {err}") from err
+    if frame.crs is None and frame.geometry.notna().any():
+        raise InputDataError(
+            f"{label} has tile geometries but no CRS; geodbk will not guess one. "
+            "Reproject it to EPSG:4326 or drop the geometry (polygons are rebuilt from quadkeys)"
+        )
+    return frame
+
+
+def _zip_members(path: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return zf.namelist()
+    except (zipfile.BadZipFile, OSError) as err:
+        raise InputDataError(f"cannot read zip file {path}: {err}") from err
+
+
+def _read_raw(path: Path) -> list[tuple[pd.DataFrame, str]]:
+    """Read one local file into raw frames, each with the name its quarter is parsed from."""
+    if not path.exists():
+        raise InputDataError(f"tile file not found: {path}")
+    suffix = "".join(path.suffixes[-1:]).lower()
+    if suffix in (".parquet", ".geoparquet", ".pq"):
+        return [(_read_parquet(path), str(path))]
+    if suffix in (".geojson", ".json", ".shp", ".gpkg"):
+        return [(_read_vector(str(path), f"tile file {path}"), str(path))]
+    if suffix == ".zip":
+        members = _zip_members(path)
+        shapefiles = [m for m in members if m.lower().endswith(".shp")]
+        if shapefiles:
+            return [(_read_vector(f"zip://{path}!{m}", f"{path}!{m}"), f"{path}/{m}") for m in shapefiles]
+        geojsons = sorted(m for m in members if m.lower().endswith((".geojson", ".json")))
+        if not geojsons:
+            raise InputDataError(f"zip file {path} holds neither a shapefile nor GeoJSON files")
+        return [(_read_vector(f"zip://{path}!{m}", f"{path}!{m}"), f"{path}/{m}") for m in geojsons]
+    raise InputDataError(
+        f"unsupported tile file type {suffix!r} for {path}: use Parquet, GeoJSON, a shapefile or a zip"
+    )
+
+
+def _tile_geometry(raw: pd.DataFrame, quadkeys: np.ndarray) -> np.ndarray:
+    """Tile polygons in EPSG:4326: the file's own where present, else rebuilt from quadkeys."""
+    if isinstance(raw, gpd.GeoDataFrame) and raw.geometry.name in raw.columns:
+        geoms = raw.geometry
+        if geoms.crs is not None and not geoms.crs.equals("EPSG:4326"):
+            geoms = geoms.to_crs(4326)
+        geoms = np.asarray(geoms.array, dtype=object)
+    elif "tile" in raw.columns:
+        tile = raw["tile"].to_numpy(dtype=object)
+        codes, uniques = pd.factorize(tile)
+        try:
+            parsed = shapely.from_wkt(np.asarray(uniques, dtype=object))
+        except shapely.errors.GEOSException as err:
+            raise InputDataError(f"the 'tile' column holds invalid WKT: {err}") from err
+        geoms = np.where(codes >= 0, parsed[np.maximum(codes, 0)], None)
+    else:
+        geoms = np.full(len(raw), None, dtype=object)
+    missing = shapely.is_missing(geoms) | shapely.is_empty(geoms)
+    if missing.any():
+        codes, uniques = pd.factorize(quadkeys[missing])
+        geoms = geoms.copy()
+        geoms[missing] = quadkey_polygons(np.asarray(uniques, dtype=object))[codes]
+    return geoms
+
+
+def _key_column(raw: pd.DataFrame, column: str, given: object, from_name: object, label: str) -> np.ndarray:
+    if column in raw.columns:
+        values = raw[column]
+        if values.isna().any():
+            raise InputDataError(f"{label}: {int(values.isna().sum())} row(s) have no {column}")
+        return values.to_numpy()
+    value = given if given is not None else from_name
+    if value is None:
+        raise InputDataError(f"{label}: cannot tell the {column} from the file name; pass {column}=")
+    return np.full(len(raw), value)
+
+
+def normalise_tiles(
+    raw: pd.DataFrame,
+    *,
+    year: int | None = None,
+    quarter: int | None = None,
+    service: str | None = None,
+    name: str = "tiles",
+) -> gpd.GeoDataFrame:
+    """Turn one raw Ookla table into the normalised tiles frame (see the module docstring).
+
+    ``year``/``quarter``/``service`` fill in what the table lacks as columns; if still
+    unknown they are parsed from ``name``.
+
+    Raises:
+        InputDataError: missing columns, missing or invalid quadkeys, unknown quarter or
+            service, or geometries without a CRS.
+    """
+    missing = [c for c in ("quadkey", *VALUE_COLUMNS) if c not in raw.columns]
+    if missing:
+        raise InputDataError(f"{name}: missing column(s) {missing}; found {list(raw.columns)}")
+    if raw["quadkey"].isna().any():
+        raise InputDataError(f"{name}: {int(raw['quadkey'].isna().sum())} row(s) have no quadkey")
+    quadkeys = raw["quadkey"].astype(str).to_numpy(dtype=object)
+    codes, uniques = pd.factorize(quadkeys)
+    quadkey_to_tile(np.asarray(uniques, dtype=object))  # validates the digits
+    parsed = parse_quarter(name) or (None, None)
+    years = _key_column(raw, "year", year, parsed[0], name)
+    quarters = _key_column(raw, "quarter", quarter, parsed[1], name)
+    services = _key_column(raw, "service", service, parse_service(name), name)
+    bad = sorted(set(pd.unique(services)) - set(SERVICES))
+    if bad:
+        raise InputDataError(f"{name}: unknown service(s) {bad}; expected {SERVICES}")
+    if not set(pd.unique(quarters)) <= {1, 2, 3, 4}:
+        raise InputDataError(f"{name}: quarter values must be 1-4")
+    values = {}
+    for col in VALUE_COLUMNS:
+        numeric = pd.to_numeric(raw[col], errors="coerce")
+        if col in ("tests", "devices"):
+            numeric = numeric.fillna(0).astype(np.int64)
+        values[col] = numeric.to_numpy(dtype=np.float64 if col.startswith("avg_") else np.int64)
+    frame = pd.DataFrame(
+        {
+            "quadkey": pd.array(quadkeys, dtype="str"),
+            "year": np.asarray(years, dtype=np.int16),
+            "quarter": np.asarray(quarters, dtype=np.int16),
+            "service": pd.array(np.asarray(services, dtype=object), dtype="str"),
+            **values,
+        }
+    )
+    if "quarter_incomplete" in raw.columns:
+        frame["quarter_incomplete"] = raw["quarter_incomplete"].fillna(False).to_numpy(dtype=bool)
+    return gpd.GeoDataFrame(frame, geometry=_tile_geometry(raw, quadkeys), crs=4326)
+
+
+def read_tiles(
+    source: str | Path | Sequence[str | Path],
+    *,
+    year: int | None = None,
+    quarter: int | None = None,
+    service: str | None = None,
+    cache_dir: str | Path | None = None,
+    drop_incomplete: bool = True,
+) -> gpd.GeoDataFrame:
+    """Read Ookla tiles from a file, a URL, or a list of them.
+
+    Args:
+        source: path or http(s) URL of a Parquet/GeoParquet file, a GeoJSON file, a
+            shapefile, or a zip with a shapefile or GeoJSON files; or a sequence of these.
+        year, quarter: the quarter of files that carry it neither as columns nor in
+            their name (``..._2023Q4.geojson``, ``2023-10-01_performance_...``).
+        service: ``"mobile"`` or ``"fixed"`` for files that do not say.
+        cache_dir: download cache for URLs (default :data:`geodbk.paths.CACHE_DIR`).
+        drop_incomplete: drop rows flagged ``quarter_incomplete`` (the truncated 2020Q2
+            of the shipped sample).
+
+    Returns:
+        Normalised tiles (columns :data:`TILE_COLUMNS`, EPSG:4326), one row per (tile,
+        quarter). ``attrs["dropped"]`` maps ``"incomplete_quarter"`` to the number of rows
+        dropped for that reason.
+
+    Raises:
+        InputDataError: unreadable or corrupt file, missing columns, unknown quarter.
+        DownloadError: a URL cannot be fetched.
+    """
+    sources: Iterable = [source] if isinstance(source, (str, Path)) else source
+    frames = []
+    for src in sources:
+        local = fetch(src, cache_dir) if is_url(src) else Path(src)
+        origin = str(src)
+        for raw, name in _read_raw(local):
+            label = name if not is_url(src) else f"{origin}/{Path(name).name}"
+            frames.append(normalise_tiles(raw, year=year, quarter=quarter, service=service, name=label))
+    if not frames:
+        raise InputDataError("no tile sources given")
+    tiles = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    n_incomplete = 0
+    if "quarter_incomplete" in tiles.columns:
+        flag = tiles["quarter_incomplete"].to_numpy(dtype=bool)
+        if drop_incomplete:
+            n_incomplete = int(flag.sum())
+            tiles = tiles[~flag]
+        tiles = tiles.drop(columns="quarter_incomplete").reset_index(drop=True)
+    tiles = gpd.GeoDataFrame(tiles, geometry="geometry", crs=4326)
+    tiles.attrs["dropped"] = {"incomplete_quarter": n_incomplete}
+    return tiles

@@ -1,0 +1,146 @@
+"""Bing Maps tile system maths: quadkeys, tile x/y, bounds, polygons and centres.
+
+Ookla's open-data tiles are zoom-16 Web Mercator tiles named by their Bing quadkey: one
+base-4 digit per zoom level, digit ``d = 2 * bit(y) + bit(x)`` from the most significant
+bit down. Tile ``(x, y)`` at zoom ``z`` spans longitudes ``360 * [x, x + 1] / 2**z - 180``
+and the latitudes whose Mercator ``y`` lies in ``[y, y + 1] / 2**z`` (``y`` grows
+southwards). All functions are vectorised over numpy arrays; angles are in degrees
+(EPSG:4326).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import shapely
+
+from geodbk.errors import InputDataError
+
+#: Zoom level of Ookla's open-data tiles (about 610 m at the equator).
+OOKLA_ZOOM = 16
+#: Web Mercator's latitude limit, degrees.
+MAX_LATITUDE = 85.05112878
+
+
+def _as_str_array(quadkeys: str | Iterable[str]) -> np.ndarray:
+    if isinstance(quadkeys, str):
+        quadkeys = [quadkeys]
+    arr = np.asarray(list(quadkeys) if not isinstance(quadkeys, np.ndarray) else quadkeys, dtype=object)
+    return arr.reshape(-1)
+
+
+def quadkey_to_tile(quadkeys: str | Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tile column ``x``, row ``y`` and zoom of each quadkey.
+
+    Args:
+        quadkeys: one quadkey or a sequence of ``n`` quadkeys (strings of digits 0-3).
+
+    Returns:
+        ``(x, y, zoom)``, three int64 arrays of shape ``(n,)``.
+
+    Raises:
+        InputDataError: a quadkey is missing, empty, longer than 31 digits or has a digit
+            other than 0-3.
+    """
+    arr = _as_str_array(quadkeys)
+    n = arr.size
+    x = np.zeros(n, dtype=np.int64)
+    y = np.zeros(n, dtype=np.int64)
+    zoom = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return x, y, zoom
+    bad = np.array([not isinstance(q, str) for q in arr])
+    if bad.any():
+        raise InputDataError(f"{int(bad.sum())} quadkey(s) are missing or not strings")
+    lengths = np.fromiter((len(q) for q in arr), dtype=np.int64, count=n)
+    if lengths.min() < 1 or lengths.max() > 31:
+        raise InputDataError("quadkeys must have 1 to 31 digits")
+    for length in np.unique(lengths):
+        idx = np.flatnonzero(lengths == length)
+        digits = (
+            np.frombuffer("".join(arr[idx]).encode("ascii", "replace"), dtype=np.uint8)
+            .reshape(idx.size, length)
+            .astype(np.int64)
+            - ord("0")
+        )
+        if ((digits < 0) | (digits > 3)).any():
+            row = idx[np.flatnonzero(((digits < 0) | (digits > 3)).any(axis=1))[0]]
+            raise InputDataError(f"invalid quadkey {arr[row]!r}: digits must be 0-3")
+        weights = np.left_shift(1, np.arange(length - 1, -1, -1, dtype=np.int64))
+        x[idx] = (digits & 1) @ weights
+        y[idx] = (digits >> 1) @ weights
+        zoom[idx] = length
+    return x, y, zoom
+
+
+def tile_to_quadkey(x: np.ndarray | int, y: np.ndarray | int, zoom: int = OOKLA_ZOOM) -> np.ndarray:
+    """Quadkeys of tiles ``(x, y)`` at ``zoom``; returns an object array of ``n`` strings."""
+    x = np.atleast_1d(np.asarray(x, dtype=np.int64))
+    y = np.atleast_1d(np.asarray(y, dtype=np.int64))
+    size = 1 << zoom
+    if ((x < 0) | (x >= size) | (y < 0) | (y >= size)).any():
+        raise InputDataError(f"tile x/y outside 0..{size - 1} at zoom {zoom}")
+    shifts = np.arange(zoom - 1, -1, -1, dtype=np.int64)
+    digits = ((x[:, None] >> shifts) & 1) + 2 * ((y[:, None] >> shifts) & 1)
+    chars = (digits + ord("0")).astype(np.uint8)
+    return np.array([row.tobytes().decode("ascii") for row in chars], dtype=object)
+
+
+def _tile_lat(y: np.ndarray, zoom: np.ndarray) -> np.ndarray:
+    n = np.pi * (1.0 - 2.0 * y / np.exp2(zoom))
+    return np.degrees(np.arctan(np.sinh(n)))
+
+
+def tile_bounds(x: np.ndarray, y: np.ndarray, zoom: np.ndarray | int) -> np.ndarray:
+    """Bounds of tiles as an ``(n, 4)`` float64 array of ``west, south, east, north`` degrees."""
+    x = np.atleast_1d(np.asarray(x, dtype=np.float64))
+    y = np.atleast_1d(np.asarray(y, dtype=np.float64))
+    zoom = np.broadcast_to(np.asarray(zoom, dtype=np.float64), x.shape)
+    size = np.exp2(zoom)
+    west = x / size * 360.0 - 180.0
+    east = (x + 1.0) / size * 360.0 - 180.0
+    north = _tile_lat(y, zoom)
+    south = _tile_lat(y + 1.0, zoom)
+    return np.column_stack([west, south, east, north])
+
+
+def quadkey_bounds(quadkeys: str | Iterable[str]) -> np.ndarray:
+    """``(n, 4)`` array of ``west, south, east, north`` degrees of each quadkey's tile."""
+    return tile_bounds(*quadkey_to_tile(quadkeys))
+
+
+def quadkey_polygons(quadkeys: str | Iterable[str]) -> np.ndarray:
+    """Tile polygons (``(n,)`` array of shapely Polygons, EPSG:4326) of the quadkeys."""
+    b = quadkey_bounds(quadkeys)
+    return shapely.box(b[:, 0], b[:, 1], b[:, 2], b[:, 3])
+
+
+def quadkey_centres(quadkeys: str | Iterable[str]) -> np.ndarray:
+    """``(n, 2)`` array of tile centres ``(lon, lat)``: the midpoint of each tile's bounds."""
+    b = quadkey_bounds(quadkeys)
+    return np.column_stack([(b[:, 0] + b[:, 2]) / 2.0, (b[:, 1] + b[:, 3]) / 2.0])
+
+
+def lonlat_to_tile(
+    lon: np.ndarray | float, lat: np.ndarray | float, zoom: int = OOKLA_ZOOM
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tile ``(x, y)`` at ``zoom`` that contains each point (latitudes clipped to +-85.05...)."""
+    lon = np.atleast_1d(np.asarray(lon, dtype=np.float64))
+    lat = np.clip(np.atleast_1d(np.asarray(lat, dtype=np.float64)), -MAX_LATITUDE, MAX_LATITUDE)
+    if not (np.isfinite(lon).all() and np.isfinite(lat).all()):
+        raise InputDataError("lon/lat must be finite")
+    size = 1 << zoom
+    sin_lat = np.sin(np.radians(lat))
+    fx = (lon + 180.0) / 360.0
+    fy = 0.5 - np.log((1.0 + sin_lat) / (1.0 - sin_lat)) / (4.0 * np.pi)
+    x = np.clip(np.floor(fx * size), 0, size - 1).astype(np.int64)
+    y = np.clip(np.floor(fy * size), 0, size - 1).astype(np.int64)
+    return x, y
+
+
+def lonlat_to_quadkey(
+    lon: np.ndarray | float, lat: np.ndarray | float, zoom: int = OOKLA_ZOOM
+) -> np.ndarray:
+    """Quadkey (object array of ``n`` strings) of the zoom-``zoom`` tile holding each point."""
+    return tile_to_quadkey(*lonlat_to_tile(lon, lat, zoom), zoom)
