@@ -36,7 +36,6 @@ import shapely
 import xarray as xr
 from affine import Affine
 from shapely.geometry.base import BaseGeometry
-from shapely.ops import transform as transform_geometry
 from tqdm.auto import tqdm
 
 from geodbk.errors import InputDataError, RegionError
@@ -198,8 +197,8 @@ class RegularGrid:
             )
         to_grid = pyproj.Transformer.from_crs(WGS84, grid_crs, always_xy=True)
         west, south, east, north = to_grid.transform_bounds(*geometry.bounds, densify_pts=21)
-        west = math.floor(west / value) * value
-        north = math.ceil(north / value) * value
+        west = math.floor(round(west / value, 9)) * value
+        north = math.ceil(round(north / value, 9)) * value
         width = max(1, math.ceil(round((east - west) / value, 9)))
         height = max(1, math.ceil(round((north - south) / value, 9)))
         transform = Affine(value, 0.0, west, 0.0, -value, north)
@@ -233,7 +232,7 @@ class RegularGrid:
             west, south, east, north = self.geometry.bounds
             # densify first so that long straight edges (a bbox) bend with the projection
             dense = shapely.segmentize(self.geometry, max(east - west, north - south) / 256.0)
-            geometry = transform_geometry(to_grid.transform, dense)
+            geometry = shapely.transform(dense, to_grid.transform, interleaved=False)
         shapely.prepare(geometry)
         return geometry
 
@@ -434,7 +433,7 @@ def _template(
     if refs:
         names = list(refs)
         ref_arr = np.asarray([refs[n] for n in names], dtype=np.float64)
-        coords["ref"] = ("ref", np.asarray(names, dtype=str), {"long_name": "reference point name"})
+        coords["ref"] = ("ref", np.asarray(names, dtype=object), {"long_name": "reference point name"})
         coords["ref_lon"] = ("ref", ref_arr[:, 0], {"long_name": "reference point longitude", "units": "degrees_east"})
         coords["ref_lat"] = ("ref", ref_arr[:, 1], {"long_name": "reference point latitude", "units": "degrees_north"})
         data_vars["kernel_slice"] = (
@@ -487,14 +486,14 @@ class _ZarrSink:
         encoding = {
             name: {**template[name].encoding, "chunks": template[name].data.chunksize} for name in template.data_vars
         }
-        template.to_zarr(path, mode="w", compute=False, encoding=encoding, consolidated=True)
+        template.to_zarr(path, mode="w", compute=False, encoding=encoding, consolidated=False)
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
         data_vars = {}
         for name, values in block.items():
             dims = ("y", "x") if values.ndim == 2 else ("ref", "y", "x")
             data_vars[name] = (dims, values)
-        xr.Dataset(data_vars).to_zarr(self.path, region={"y": rows}, mode="r+")
+        xr.Dataset(data_vars).to_zarr(self.path, region={"y": rows}, mode="r+", consolidated=False)
 
     def finish(self) -> xr.Dataset:
         return open_grid(self.path)
@@ -628,7 +627,7 @@ def open_grid(path: str | Path) -> xr.Dataset:
         raise InputDataError(f"no grid at {path}")
     try:
         if path.suffix == ".zarr" or path.is_dir():
-            ds = xr.open_zarr(path, decode_coords="all")
+            ds = xr.open_zarr(path, decode_coords="all", consolidated=False)
         else:
             ds = xr.open_dataset(path, decode_coords="all")
     except (OSError, ValueError) as err:
