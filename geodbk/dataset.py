@@ -24,7 +24,7 @@ import shapely
 
 from geodbk import paths
 from geodbk.errors import InputDataError, RegionError
-from geodbk.ookla import SERVICES, read_tiles
+from geodbk.ookla import SERVICES, as_tiles, read_tiles
 from geodbk.quadkey import quadkey_centres
 from geodbk.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
 from geodbk.urbanrural import tag_urban_rural
@@ -276,11 +276,10 @@ def split_labels(n: int, seed: int) -> np.ndarray:
 
 
 def _check_keys(tiles: pd.DataFrame) -> None:
-    required = ["quadkey", "year", "quarter", "service"]
-    missing = [c for c in required + [c for c, _, _ in TARGETS.values()] if c not in tiles.columns]
-    if missing:
-        raise InputDataError(f"tiles are missing column(s) {missing}; read them with geodbk.ookla.read_tiles")
+    required = ["quadkey", "year", "quarter"]
     for col in required:
+        if col not in tiles.columns:
+            raise InputDataError(f"tiles are missing the column {col!r}")
         n_null = int(tiles[col].isna().sum())
         if n_null:
             raise InputDataError(f"tiles: {n_null} row(s) have no {col} (a required key column)")
@@ -324,9 +323,11 @@ def build_dataset(
     if target not in TARGETS:
         raise InputDataError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
     column, divisor, units = TARGETS[target]
-    if not isinstance(tiles, pd.DataFrame):
+    if isinstance(tiles, pd.DataFrame):
+        _check_keys(tiles)
+        tiles = as_tiles(tiles, service=service)
+    else:
         tiles = read_tiles(tiles, cache_dir=cache_dir)
-    _check_keys(tiles)
     dropped: dict[str, int] = {**tiles.attrs.get("dropped", {})}
     region = load_region(region)
 

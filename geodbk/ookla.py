@@ -15,6 +15,7 @@ EPSG:4326. Null, empty or missing geometries are rebuilt from the quadkey.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
 import tempfile
@@ -111,14 +112,25 @@ def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
+            received = 0
             with tqdm(total=total, unit="B", unit_scale=True, desc=name, leave=False) as bar:
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
+                    received += len(chunk)
                     bar.update(len(chunk))
+            if total is not None and received < total:
+                raise DownloadError(f"cannot download {url}: connection closed after {received} of {total} bytes")
         os.replace(tmp_name, target)
-    except (urllib.error.URLError, OSError, ValueError) as err:
+    except DownloadError:
         Path(tmp_name).unlink(missing_ok=True)
-        raise DownloadError(f"cannot download {url}: {getattr(err, 'reason', err)}") from err
+        raise
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
+        Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(err, urllib.error.HTTPError):
+            reason = f"HTTP {err.code} {err.reason}"
+        else:
+            reason = str(getattr(err, "reason", err))
+        raise DownloadError(f"cannot download {url}: {reason}") from err
     return target
 
 
@@ -160,15 +172,9 @@ def _read_parquet(path: Path) -> pd.DataFrame:
 
 def _read_vector(uri: str, label: str) -> gpd.GeoDataFrame:
     try:
-        frame = gpd.read_file(uri)
+        return gpd.read_file(uri)
     except Exception as err:  # pyogrio raises several error types for unreadable files
         raise InputDataError(f"cannot read {label}: {err}") from err
-    if frame.crs is None and frame.geometry.notna().any():
-        raise InputDataError(
-            f"{label} has tile geometries but no CRS; geodbk will not guess one. "
-            "Reproject it to EPSG:4326 or drop the geometry (polygons are rebuilt from quadkeys)"
-        )
-    return frame
 
 
 def _zip_members(path: Path) -> list[str]:
@@ -202,10 +208,15 @@ def _read_raw(path: Path) -> list[tuple[pd.DataFrame, str]]:
     )
 
 
-def _tile_geometry(raw: pd.DataFrame, quadkeys: np.ndarray) -> np.ndarray:
+def _tile_geometry(raw: pd.DataFrame, quadkeys: np.ndarray, name: str) -> np.ndarray:
     """Tile polygons in EPSG:4326: the file's own where present, else rebuilt from quadkeys."""
     if isinstance(raw, gpd.GeoDataFrame) and raw.geometry.name in raw.columns:
         geoms = raw.geometry
+        if geoms.crs is None and geoms.notna().any():
+            raise InputDataError(
+                f"{name} has tile geometries but no CRS; geodbk will not guess one. "
+                "Set or reproject to EPSG:4326, or drop the geometry (polygons are rebuilt from quadkeys)"
+            )
         if geoms.crs is not None and not geoms.crs.equals("EPSG:4326"):
             geoms = geoms.to_crs(4326)
         geoms = np.asarray(geoms.array, dtype=object)
@@ -235,7 +246,11 @@ def _key_column(raw: pd.DataFrame, column: str, given: object, from_name: object
         return values.to_numpy()
     value = given if given is not None else from_name
     if value is None:
-        raise InputDataError(f"{label}: cannot tell the {column} from the file name; pass {column}=")
+        hint = "year= and quarter=" if column in ("year", "quarter") else f"{column}="
+        raise InputDataError(
+            f"{label}: no {column!r} column and the file name does not say the {column} "
+            f"(like ..._2023Q4 or 2023-10-01_performance_mobile_...); pass {hint}"
+        )
     return np.full(len(raw), value)
 
 
@@ -290,7 +305,7 @@ def normalise_tiles(
     )
     if "quarter_incomplete" in raw.columns:
         frame["quarter_incomplete"] = raw["quarter_incomplete"].fillna(False).to_numpy(dtype=bool)
-    return gpd.GeoDataFrame(frame, geometry=_tile_geometry(raw, quadkeys), crs=4326)
+    return gpd.GeoDataFrame(frame, geometry=_tile_geometry(raw, quadkeys, name), crs=4326)
 
 
 def read_tiles(
@@ -327,20 +342,39 @@ def read_tiles(
     frames = []
     for src in sources:
         local = fetch(src, cache_dir) if is_url(src) else Path(src)
-        origin = str(src)
         for raw, name in _read_raw(local):
-            label = name if not is_url(src) else f"{origin}/{Path(name).name}"
+            label = name if not is_url(src) else f"{src}/{Path(name).name}"
             frames.append(normalise_tiles(raw, year=year, quarter=quarter, service=service, name=label))
     if not frames:
         raise InputDataError("no tile sources given")
     tiles = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    return _drop_incomplete(tiles, drop_incomplete)
+
+
+def _drop_incomplete(tiles: gpd.GeoDataFrame, drop: bool) -> gpd.GeoDataFrame:
     n_incomplete = 0
     if "quarter_incomplete" in tiles.columns:
         flag = tiles["quarter_incomplete"].to_numpy(dtype=bool)
-        if drop_incomplete:
+        if drop:
             n_incomplete = int(flag.sum())
             tiles = tiles[~flag]
         tiles = tiles.drop(columns="quarter_incomplete").reset_index(drop=True)
     tiles = gpd.GeoDataFrame(tiles, geometry="geometry", crs=4326)
     tiles.attrs["dropped"] = {"incomplete_quarter": n_incomplete}
+    return tiles
+
+
+def as_tiles(
+    frame: pd.DataFrame, *, service: str | None = None, drop_incomplete: bool = True, name: str = "tiles"
+) -> gpd.GeoDataFrame:
+    """Normalise an in-memory table of tiles (raw Ookla columns or already normalised).
+
+    Same checks and output as :func:`read_tiles`; rows already dropped (``attrs["dropped"]``)
+    stay counted.
+    """
+    before = dict(frame.attrs.get("dropped", {}))
+    tiles = _drop_incomplete(normalise_tiles(frame, service=service, name=name), drop_incomplete)
+    tiles.attrs["dropped"] = {
+        k: before.get(k, 0) + tiles.attrs["dropped"].get(k, 0) for k in {*before, *tiles.attrs["dropped"]}
+    }
     return tiles
