@@ -50,7 +50,7 @@ def test_split_partitions_and_scales_with_training_statistics():
 
 
 def test_split_rows_are_disjoint_and_seeded():
-    # an id column recovers which rows went where (scaling maps id -> 2 id / (n_train-ish) - 1)
+    # y = sin(row id) is unique per row, so the returned targets tell which rows went where
     n = 200
     mask = np.zeros((n, 10), dtype=bool)
     mask[np.arange(n), np.arange(n) % 10] = True
