@@ -573,6 +573,7 @@ def predict_grid(
         sink: Any = _MemorySink(_template(grid, model, refs, lazy=False, chunk_rows=rows_per_block))
     else:
         path = Path(store)
+        path.parent.mkdir(parents=True, exist_ok=True)
         template = _template(grid, model, refs, lazy=True, chunk_rows=rows_per_block)
         if path.suffix == ".zarr":
             sink = _ZarrSink(template, path)

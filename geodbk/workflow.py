@@ -1,0 +1,198 @@
+"""The end-to-end job behind ``geodbk demo``: dataset -> fits -> metrics -> maps -> run folder.
+
+:func:`run_demo` builds the Puerto Rico (or Hawaii) mobile dataset from the shipped sample,
+fits each requested model kind, prints the urban/rural metrics table and writes the run
+folder that the dashboard reads (layout in :class:`RunFolder` and docs/architecture.md).
+The defaults are sized to finish in a few minutes on 2 CPU cores; ``paper_size=True``
+switches to the paper's h = 256, r = 1024 and 400-epoch schedule (a GPU job).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from geodbk.dataset import SpatialDataset, load_sample_dataset
+from geodbk.errors import InputDataError
+from geodbk.export import write_geotiff, write_tile_predictions
+from geodbk.geomodel import GeoModel, fit_dataset
+from geodbk.grids import RegularGrid, predict_grid, reference_points
+from geodbk.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
+from geodbk.models.config import ModelConfig
+from geodbk.train import TrainConfig
+
+#: Model kinds the demo fits by default: the headline DBK and the two SVGP baselines.
+DEMO_MODELS = ("dbk-rbf", "sv-rbf", "sv-dkl")
+#: Quarters the demo uses by default (one year of the shipped 2019Q1-2023Q4 sample).
+DEMO_QUARTERS = ("2023Q1", "2023Q2", "2023Q3", "2023Q4")
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Paths inside a run folder (``<run>/dataset.parquet``, ``models/``, ``maps/``, metrics)."""
+
+    root: Path
+
+    @property
+    def dataset(self) -> Path:
+        return self.root / "dataset.parquet"
+
+    @property
+    def metrics_csv(self) -> Path:
+        return self.root / "metrics.csv"
+
+    @property
+    def metrics_json(self) -> Path:
+        return self.root / "metrics.json"
+
+    def model(self, kind: str) -> Path:
+        """``<run>/models/<kind>.pt``: a saved :class:`geodbk.geomodel.GeoModel`."""
+        return self.root / "models" / f"{kind}.pt"
+
+    def map_netcdf(self, kind: str) -> Path:
+        """``<run>/maps/<kind>.nc``: the grid dataset of :func:`geodbk.grids.predict_grid`."""
+        return self.root / "maps" / f"{kind}.nc"
+
+    def map_geotiff(self, kind: str) -> Path:
+        """``<run>/maps/<kind>.tif``: the same grid, one GeoTIFF band per variable."""
+        return self.root / "maps" / f"{kind}.tif"
+
+    def test_tiles(self, kind: str) -> Path:
+        """``<run>/maps/<kind>_test_tiles.geojson``: test tiles with the model's predictions."""
+        return self.root / "maps" / f"{kind}_test_tiles.geojson"
+
+
+@dataclass
+class DemoConfig:
+    """Settings of :func:`run_demo`.
+
+    Attributes:
+        region: shipped sample region, ``"PR"`` (Puerto Rico) or ``"HI"`` (Hawaii).
+        target: ``"download"`` / ``"upload"`` (Mbps) or ``"latency"`` (ms).
+        quarters: quarters like ``"2023Q4"``; ``None`` = all of 2019Q1-2023Q4.
+        models: model kinds to fit (names of the model zoo).
+        epochs: training epochs per model (the paper schedule uses 400).
+        resolution: map cell side; degrees as a number, or ``"500m"`` style.
+        map_crs: CRS of the maps (default EPSG:4326, or UTM for metre resolutions).
+        paper_size: h = 256, r = 1024 and the 400-epoch schedule instead of the CPU sizes.
+        seed: seed of the train/val/test split and of the model initialisation.
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+        progress: show tqdm bars.
+    """
+
+    region: str = "PR"
+    target: str = "download"
+    quarters: Sequence[str] | None = DEMO_QUARTERS
+    models: Sequence[str] = DEMO_MODELS
+    epochs: int = 60
+    resolution: float | str = 0.005
+    map_crs: str | None = None
+    paper_size: bool = False
+    seed: int = 0
+    device: str = "auto"
+    progress: bool = True
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.paper_size() if self.paper_size else ModelConfig()
+
+    def train_config(self) -> TrainConfig:
+        settings = {"seed": self.seed, "device": self.device, "progress": self.progress}
+        if self.paper_size:
+            return TrainConfig.paper(**settings)
+        return TrainConfig(epochs=self.epochs, **settings)
+
+
+@dataclass
+class DemoResult:
+    """What :func:`run_demo` made: the folder, dataset, fitted models, metrics and files written."""
+
+    run: RunFolder
+    dataset: SpatialDataset
+    models: dict[str, GeoModel]
+    metrics: pd.DataFrame
+    refs: dict[str, tuple[float, float]]
+    files: list[Path] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def evaluate_on_test(model: GeoModel, dataset: SpatialDataset) -> pd.DataFrame:
+    """:func:`geodbk.metrics.evaluate` of ``model`` on the dataset's test split, by urban/rural."""
+    test = dataset.subset("test")
+    _, y, groups = dataset.arrays("test")
+    prediction = model.predict(test[["lon", "lat"]].to_numpy(np.float64))
+    return evaluate(y, prediction, groups)
+
+
+def run_demo(
+    out_dir: str | Path,
+    config: DemoConfig | None = None,
+    *,
+    echo: Callable[[str], None] = print,
+) -> DemoResult:
+    """Run the whole job and write the run folder ``out_dir``.
+
+    Writes ``dataset.parquet``, ``models/<kind>.pt``, ``metrics.csv`` / ``metrics.json``
+    (long table: model, group, n, MAE, NLL, CRPS, coverage95, pi_width on the test split)
+    and, per kind, ``maps/<kind>.nc`` (mean, sd, pi_width, data-unit bounds and kernel slices
+    at an urban, a rural and a wildland reference point), ``maps/<kind>.tif`` and
+    ``maps/<kind>_test_tiles.geojson``. ``echo`` receives the dataset summary, the metrics
+    table and one line per file.
+    """
+    cfg = config or DemoConfig()
+    if not cfg.models:
+        raise InputDataError("no model kinds to fit")
+    run = RunFolder(Path(out_dir))
+    run.root.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+    files: list[Path] = []
+
+    def wrote(path: Path) -> None:
+        files.append(path)
+        echo(f"wrote {path}")
+
+    t0 = time.perf_counter()
+    dataset = load_sample_dataset(cfg.region, cfg.target, quarters=list(cfg.quarters) if cfg.quarters else None, seed=cfg.seed)
+    echo(dataset.summary())
+    dataset.save(run.dataset)
+    wrote(run.dataset)
+    seconds["dataset"] = time.perf_counter() - t0
+
+    models: dict[str, GeoModel] = {}
+    results: dict[str, pd.DataFrame] = {}
+    for kind in cfg.models:
+        echo(f"fitting {kind} ...")
+        t0 = time.perf_counter()
+        model = fit_dataset(dataset, kind, model_config=cfg.model_config(), train_config=cfg.train_config())
+        seconds[f"fit {kind}"] = time.perf_counter() - t0
+        model.save(run.model(kind))
+        wrote(run.model(kind))
+        models[kind] = model
+        results[kind] = evaluate_on_test(model, dataset)
+
+    table = metrics_table(results)
+    echo("test-split metrics (y = log10 " + f"{dataset.target} in {dataset.units}):")
+    echo(format_metrics_table(table))
+    for path in save_metrics(table, run.root):
+        wrote(path)
+
+    grid = RegularGrid.over(dataset.region, cfg.resolution, crs=cfg.map_crs)
+    refs = reference_points(dataset, grid)
+    echo(f"map grid: {grid.height} x {grid.width} cells of {cfg.resolution} in {grid.crs.to_string()}; "
+         f"kernel slices at {', '.join(f'{k} ({lon:.3f}, {lat:.3f})' for k, (lon, lat) in refs.items())}")
+    for kind, model in models.items():
+        t0 = time.perf_counter()
+        grid_ds = predict_grid(model, grid, refs=refs, store=run.map_netcdf(kind), progress=cfg.progress)
+        wrote(run.map_netcdf(kind))
+        wrote(write_geotiff(grid_ds, run.map_geotiff(kind)))
+        grid_ds.close()
+        wrote(write_tile_predictions(model, dataset, run.test_tiles(kind)))
+        seconds[f"maps {kind}"] = time.perf_counter() - t0
+    return DemoResult(run, dataset, models, table, refs, files, seconds)
+
+
+__all__ = ["DEMO_MODELS", "DEMO_QUARTERS", "DemoConfig", "DemoResult", "RunFolder", "run_demo", "evaluate_on_test"]
