@@ -1,0 +1,30 @@
+"""Deep basis maps, the low-rank GP on them, training objectives and the model zoo."""
+
+from geodbk.models.backbone import IdentityBackbone, ResidualBlock, ResNetBackbone
+from geodbk.models.basis_gp import BasisGP, BasisMap, GPOutput, Noise, PointNetwork
+from geodbk.models.config import ModelConfig
+from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion, jittered_cholesky
+from geodbk.models.objectives import (
+    DPPGP,
+    PPGP,
+    ExactMarginalLikelihood,
+    MeanSquaredError,
+    Objective,
+    SVGPELBO,
+    VBLLELBO,
+    exact_posterior,
+    gaussian_nll,
+    woodbury_log_marginal,
+)
+from geodbk.models.zoo import ModelSpec, available_models, get_model_spec, register_model, unregister_model
+
+__all__ = [
+    "BasisGP", "BasisMap", "DPPGP", "ExactMarginalLikelihood", "GPOutput", "IdentityBackbone",
+    "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PointNetwork",
+    "RBFInducingExpansion", "ResNetBackbone", "ResidualBlock", "SVGPELBO", "SiLUExpansion",
+    "VBLLELBO", "available_models", "exact_posterior", "gaussian_nll", "get_model_spec",
+    "jittered_cholesky", "register_model", "unregister_model", "woodbury_log_marginal",
+]
+
+# Related models from the literature register their zoo names on import (issue 6).
+from geodbk.models import related  # noqa: E402,F401

@@ -1,0 +1,200 @@
+"""The low-rank GP on a deep basis and the plain network baseline.
+
+:class:`BasisGP` is the one model behind every GP row of the comparison: a basis map
+``phi = expansion(backbone(x))`` in R^r, a constant mean c, noise sigma^2 and a Gaussian
+q(w) = N(m, L L^T) over the basis weights. The objectives in
+:mod:`geodbk.models.objectives` differ only in how they score its :class:`GPOutput`.
+
+Predictive distribution (O(r^2) per point after phi):
+``mean = <m, phi(x)> + c``, ``var_f = ||L^T phi(x)||^2 (+ c(x))``,
+``predictive var = var_f + sigma^2``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+
+
+@dataclass
+class GPOutput:
+    """What a model returns for a batch of n inputs (standardised target units).
+
+    Attributes:
+        mean: (n,) predictive mean.
+        var_f: (n,) function variance; includes the residual c(x) for inducing-point
+            models that carry it.
+        noise: () observation-noise variance sigma^2.
+        phi: (n, r) basis values, ``None`` for the plain network.
+        residual: (n,) Nystrom residual c(x) = k(x, x) - ||phi(x)||^2, or ``None``.
+    """
+
+    mean: torch.Tensor
+    var_f: torch.Tensor
+    noise: torch.Tensor
+    phi: torch.Tensor | None = None
+    residual: torch.Tensor | None = None
+
+    @property
+    def predictive_var(self) -> torch.Tensor:
+        """(n,) var_f + sigma^2."""
+        return self.var_f + self.noise
+
+
+class BasisMap(nn.Module):
+    """phi(x) = expansion(backbone(x)): (n, d) -> (n, r)."""
+
+    def __init__(self, backbone: nn.Module, expansion: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.expansion = expansion
+        self.rank: int = expansion.output_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.expansion(self.backbone(x))
+
+
+def _inverse_softplus(value: float) -> float:
+    return value + math.log(-math.expm1(-value))
+
+
+class Noise(nn.Module):
+    """Homoscedastic noise variance ``sigma^2 = floor + softplus(raw)``.
+
+    Args:
+        init: initial sigma^2 (1e-2 in the paper).
+        floor: lower bound on sigma^2 (1e-6 in the paper).
+    """
+
+    def __init__(self, init: float = 1e-2, floor: float = 1e-6) -> None:
+        super().__init__()
+        if init <= floor:
+            raise ValueError(f"noise init {init} must exceed the floor {floor}")
+        self.floor = floor
+        self.raw = nn.Parameter(torch.tensor(_inverse_softplus(init - floor)))
+
+    def forward(self) -> torch.Tensor:
+        return self.floor + nn.functional.softplus(self.raw)
+
+    def set_(self, value: float) -> None:
+        """Set sigma^2 (clamped just above the floor)."""
+        with torch.no_grad():
+            self.raw.fill_(_inverse_softplus(max(value - self.floor, 1e-12)))
+
+
+class BasisGP(nn.Module):
+    """Low-rank GP ``f(x) = <w, phi(x)> + c`` with q(w) = N(m, L L^T).
+
+    Args:
+        basis: the basis map phi with rank r.
+        include_residual: add the Nystrom residual c(x) = k(x, x) - ||phi(x)||^2 of an
+            inducing-point expansion to var_f (the true SVGP / PPGP of SV-RBF, SV-DKL and
+            PP-DKL). Requires an expansion with ``prior_variance``.
+        noise_init, noise_floor: sigma^2 initial value and lower bound.
+
+    q(w): m starts at 0; L is lower-triangular with diagonal exp(log_diag), log_diag
+    initialised to -0.5 log r, and its r (r - 1) / 2 strictly-lower entries stored as a
+    vector initialised N(0, 1) / r.
+    """
+
+    def __init__(
+        self,
+        basis: BasisMap,
+        *,
+        include_residual: bool = False,
+        noise_init: float = 1e-2,
+        noise_floor: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if include_residual and not hasattr(basis.expansion, "prior_variance"):
+            raise TypeError(
+                f"{type(basis.expansion).__name__} has no prior variance k(x, x), "
+                "so it cannot carry a Nystrom residual"
+            )
+        r = basis.rank
+        self.basis = basis
+        self.include_residual = include_residual
+        self.constant_mean = nn.Parameter(torch.zeros(()))
+        self.noise = Noise(noise_init, noise_floor)
+        self.variational_mean = nn.Parameter(torch.zeros(r))
+        self.variational_log_diag = nn.Parameter(torch.full((r,), -0.5 * math.log(r)))
+        self.variational_offdiag = nn.Parameter(torch.randn(r * (r - 1) // 2) / r)
+        self.register_buffer("_tril_index", torch.tril_indices(r, r, -1), persistent=False)
+
+    @property
+    def rank(self) -> int:
+        return self.basis.rank
+
+    @property
+    def chol_factor(self) -> torch.Tensor:
+        """L, (r, r) lower-triangular with a positive diagonal."""
+        rows, cols = self._tril_index
+        strict = self.variational_log_diag.new_zeros(self.rank, self.rank).index_put((rows, cols), self.variational_offdiag)
+        return strict + torch.diag(self.variational_log_diag.exp())
+
+    def forward(self, x: torch.Tensor) -> GPOutput:
+        g = self.basis.backbone(x)
+        phi = self.basis.expansion(g)
+        mean = phi @ self.variational_mean + self.constant_mean
+        var_f = (phi @ self.chol_factor).pow(2).sum(-1)  # ||L^T phi||^2 per row
+        residual = None
+        if self.include_residual:
+            residual = (self.basis.expansion.prior_variance(g) - phi.pow(2).sum(-1)).clamp_min(0.0)
+            var_f = var_f + residual
+        return GPOutput(mean=mean, var_f=var_f, noise=self.noise(), phi=phi, residual=residual)
+
+    def kl_divergence(self) -> torch.Tensor:
+        """KL(N(m, L L^T) || N(0, I_r)) = 0.5 (||m||^2 + ||L||_F^2 - log|L L^T| - r)."""
+        m, L = self.variational_mean, self.chol_factor
+        return 0.5 * (m.pow(2).sum() + L.pow(2).sum() - 2.0 * self.variational_log_diag.sum() - self.rank)
+
+    @torch.no_grad()
+    def set_posterior(self, mean: torch.Tensor, cov_factor: torch.Tensor) -> None:
+        """Overwrite q(w) with N(mean, cov_factor cov_factor^T); cov_factor lower-triangular."""
+        self.variational_mean.copy_(mean)
+        self.variational_log_diag.copy_(torch.diagonal(cov_factor).log())
+        rows, cols = self._tril_index
+        self.variational_offdiag.copy_(cov_factor[rows, cols])
+
+    def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
+        """Prior kernel k(x, x_ref), (n, k).
+
+        ``phi(x).phi(x_ref)`` for a deep basis; for models with the Nystrom residual this
+        is the full base kernel k(g(x), g(x_ref)) that the SVGP approximates.
+        """
+        if self.include_residual:
+            expansion, backbone = self.basis.expansion, self.basis.backbone
+            return expansion.base_kernel(backbone(x), backbone(x_ref))
+        return self.basis(x) @ self.basis(x_ref).T
+
+    def backbone_parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters that take weight decay (the backbone network only)."""
+        return self.basis.backbone.parameters()
+
+
+class PointNetwork(nn.Module):
+    """The DNN baseline: backbone + linear head, with a fitted homoscedastic noise.
+
+    ``forward`` returns a :class:`GPOutput` with var_f = 0, so the predictive
+    distribution is N(head(g(x)), sigma^2).
+    """
+
+    def __init__(self, backbone: nn.Module, noise_init: float = 1e-2, noise_floor: float = 1e-6) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.output_dim, 1)
+        self.noise = Noise(noise_init, noise_floor)
+
+    def forward(self, x: torch.Tensor) -> GPOutput:
+        mean = self.head(self.backbone(x)).squeeze(-1)
+        return GPOutput(mean=mean, var_f=torch.zeros_like(mean), noise=self.noise())
+
+    def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
+        raise TypeError("the dnn baseline is not a GP and has no kernel")
+
+    def backbone_parameters(self) -> Iterator[nn.Parameter]:
+        return self.backbone.parameters()

@@ -1,0 +1,57 @@
+"""Model size and numeric settings shared by every entry of the model zoo."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class ModelConfig:
+    """Architecture settings.
+
+    Attributes:
+        hidden: h, width of the ResNet backbone (paper: 256; CPU default 64).
+        rank: r, number of basis functions / inducing points (paper: 1024; CPU default 128).
+        n_blocks: residual blocks in the backbone (2).
+        dtype: "float32" (default) or "float64".
+        noise_init: initial sigma^2 on the standardised scale (1e-2).
+        noise_floor: lower bound on sigma^2 (1e-6).
+        jitter: relative jitter on K_ZZ; ``None`` = 1e-4 (float32) / 1e-6 (float64).
+        options: kind-specific extras, read by the kind's builder (documented there).
+    """
+
+    hidden: int = 64
+    rank: int = 128
+    n_blocks: int = 2
+    dtype: str = "float32"
+    noise_init: float = 1e-2
+    noise_floor: float = 1e-6
+    jitter: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.hidden < 1 or self.rank < 1:
+            raise ValueError(f"hidden and rank must be positive, got {self.hidden}, {self.rank}")
+
+    @classmethod
+    def paper_size(cls, **overrides: Any) -> "ModelConfig":
+        """The spatial-task size of the paper: h = 256, r = 1024."""
+        return cls(**{"hidden": 256, "rank": 1024, **overrides})
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        return cls(**d)

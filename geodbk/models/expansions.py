@@ -1,0 +1,121 @@
+"""Expansion layers: lift a backbone representation g(x) in R^h to r basis functions.
+
+* :class:`RBFInducingExpansion` (DBK-RBF, and the Nystrom features of SV-RBF / SV-DKL /
+  PP-DKL): ``phi(x) = L_ZZ^{-1} k_Z(g(x))``.
+* :class:`SiLUExpansion` (DBK-SiLU, VBLL): ``phi(x) = s * SiLU(W g(x) + b)``.
+
+Whitening choice. The method text writes ``K_ZZ^{-1/2} k_Z``; geodbk uses the lower
+Cholesky factor ``L_ZZ`` of the jittered ``K_ZZ`` instead and computes ``L_ZZ^{-1} k_Z``
+with a triangular solve (never an explicit inverse). Both give the same kernel,
+``phi(x).phi(x') = k_Z(x)^T K_ZZ^{-1} k_Z(x')`` (the Nystrom kernel), and the two bases
+differ by an orthogonal rotation, to which the N(0, I_r) weight prior is invariant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def jittered_cholesky(matrix: torch.Tensor, jitter: float, max_tries: int = 4) -> torch.Tensor:
+    """Lower Cholesky factor of ``matrix + jitter * I``; the jitter grows tenfold on failure.
+
+    Args:
+        matrix: (r, r) symmetric positive semi-definite matrix.
+        jitter: absolute diagonal jitter added on the first try.
+        max_tries: how many jitter levels to try before raising.
+
+    Raises:
+        torch.linalg.LinAlgError: when every jitter level fails.
+    """
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    for attempt in range(max_tries):
+        factor, info = torch.linalg.cholesky_ex(matrix + (jitter * 10**attempt) * eye)
+        if not bool(info.any()):
+            return factor
+    raise torch.linalg.LinAlgError(
+        f"Cholesky failed with diagonal jitter up to {jitter * 10 ** (max_tries - 1):.1e}"
+    )
+
+
+def default_jitter(dtype: torch.dtype) -> float:
+    """Relative diagonal jitter for K_ZZ: 1e-4 in float32, 1e-6 in float64."""
+    return 1e-6 if dtype == torch.float64 else 1e-4
+
+
+class RBFInducingExpansion(nn.Module):
+    """Whitened inducing-point RBF basis ``phi(g) = L_ZZ^{-1} k_Z(g)``.
+
+    The ARD RBF kernel is ``k(a, b) = s^2 exp(-0.5 sum_j (a_j - b_j)^2 / l_j^2)``.
+
+    Args:
+        input_dim: h, the width of g(x) (d for SV-RBF on raw inputs).
+        rank: r, the number of inducing points Z (r, h), initialised U[-1, 1].
+        jitter: diagonal jitter relative to s^2; ``None`` picks :func:`default_jitter`
+            from the parameter dtype at call time.
+
+    Lengthscales are initialised to sqrt(h) and the outputscale s^2 to 1; both are
+    stored as logs.
+
+    Shapes: ``forward`` maps ``(n, h) -> (n, r)``.
+    """
+
+    def __init__(self, input_dim: int, rank: int, jitter: float | None = None) -> None:
+        super().__init__()
+        self.input_dim = input_dim
+        self.output_dim = rank
+        self.jitter = jitter
+        self.inducing = nn.Parameter(torch.rand(rank, input_dim) * 2.0 - 1.0)
+        self.log_lengthscale = nn.Parameter(torch.full((input_dim,), 0.5 * math.log(input_dim)))
+        self.log_outputscale = nn.Parameter(torch.zeros(()))
+
+    @property
+    def outputscale(self) -> torch.Tensor:
+        """s^2, the prior variance k(g, g) of the RBF kernel."""
+        return self.log_outputscale.exp()
+
+    def base_kernel(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """The ARD RBF kernel matrix between ``a`` (n, h) and ``b`` (m, h): (n, m)."""
+        scale = self.log_lengthscale.exp()
+        a, b = a / scale, b / scale
+        sq = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1) - 2.0 * a @ b.T
+        return self.outputscale * torch.exp(-0.5 * sq.clamp_min(0.0))
+
+    def inducing_cholesky(self) -> torch.Tensor:
+        """Lower Cholesky factor of the jittered K_ZZ, (r, r)."""
+        jitter = self.jitter if self.jitter is not None else default_jitter(self.inducing.dtype)
+        kzz = self.base_kernel(self.inducing, self.inducing)
+        return jittered_cholesky(kzz, jitter * float(self.outputscale.detach()))
+
+    def forward(self, g: torch.Tensor) -> torch.Tensor:
+        kz = self.base_kernel(self.inducing, g)  # (r, n)
+        return torch.linalg.solve_triangular(self.inducing_cholesky(), kz, upper=False).T
+
+    def prior_variance(self, g: torch.Tensor) -> torch.Tensor:
+        """k(g, g) = s^2 for every row of ``g``: (n,)."""
+        return self.outputscale.expand(g.shape[0])
+
+
+class SiLUExpansion(nn.Module):
+    """``phi(g) = s * SiLU(W g + b)`` with a learnable diagonal scale s.
+
+    Args:
+        input_dim: h, the width of g(x).
+        rank: r, the number of basis functions.
+
+    s is initialised to random signs / sqrt(r), so that ||phi||^2 starts at O(1).
+    Shapes: ``(n, h) -> (n, r)``.
+    """
+
+    def __init__(self, input_dim: int, rank: int) -> None:
+        super().__init__()
+        self.input_dim = input_dim
+        self.output_dim = rank
+        self.linear = nn.Linear(input_dim, rank)
+        signs = torch.randint(0, 2, (rank,)).to(torch.get_default_dtype()) * 2.0 - 1.0
+        self.scale = nn.Parameter(signs / math.sqrt(rank))
+
+    def forward(self, g: torch.Tensor) -> torch.Tensor:
+        return self.scale * nn.functional.silu(self.linear(g))

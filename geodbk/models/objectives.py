@@ -1,0 +1,193 @@
+"""Training objectives on the parameters of a :class:`~geodbk.models.basis_gp.BasisGP`.
+
+Every objective is a loss to *minimise*, on the per-datum scale (divided by the
+training size n), evaluated on a batch ``(x, y)`` of size b with targets standardised:
+
+=========  =================================================================================
+dPPGP      (1/b) sum -log N(y; mu, var_f + s2) + alpha (1/b) sum (k_b - ||phi||^2) / (2 s2)
+           + (beta / n) KL,   k_b = max_batch ||phi||^2                     (method, eq. 15)
+SVGP       (1/b) sum [-log N(y; mu, s2) + var_f / (2 s2)] + (beta / n) KL          (eq. 5)
+PPGP       (1/b) sum -log N(y; mu, var_f + s2) + (beta / n) KL                     (eq. 6)
+VBLL       the SVGP form on a basis without a residual (beta = 1)          (appendix B)
+exact MML  -(1/n) log N(y - c; 0, Phi Phi^T + s2 I) by Woodbury       (eq. 11), full batch
+MSE        (1/b) sum (y - mu)^2; s2 set to the training MSE after each epoch
+=========  =================================================================================
+
+with mu = <m, phi> + c, var_f = ||L^T phi||^2 (+ the Nystrom residual for SVGP-type
+models), s2 = sigma^2 and KL = KL(N(m, L L^T) || N(0, I_r)).
+
+To add an objective, subclass :class:`Objective` and return it from a model spec's
+``objective`` factory (see :mod:`geodbk.models.zoo`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from geodbk.models.expansions import jittered_cholesky
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def gaussian_nll(y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """Elementwise -log N(y; mean, var)."""
+    return 0.5 * (_LOG_2PI + torch.log(var) + (y - mean).pow(2) / var)
+
+
+class Objective:
+    """A loss on a batch; subclasses implement :meth:`__call__`.
+
+    Attributes:
+        name: short label shown in progress bars.
+        full_batch: train on the whole training set per step (not decomposable over data).
+    """
+
+    name = "objective"
+    full_batch = False
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:
+        """Loss for the batch ``x`` (b, d), ``y`` (b,) of a training set of size ``n``."""
+        raise NotImplementedError
+
+    def refresh(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Update closed-form state from the training data before validation (default: none)."""
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({params})"
+
+
+class DPPGP(Objective):
+    """Decoupled predictive GP loss: predictive NLL + alpha trace term + (beta/n) KL."""
+
+    name = "dPPGP"
+
+    def __init__(self, alpha: float = 0.1, beta: float = 0.01) -> None:
+        self.alpha = alpha
+        self.beta = beta
+
+    def __call__(self, model, x, y, n):
+        out = model(x)
+        nll = gaussian_nll(y, out.mean, out.predictive_var).mean()
+        sq_norm = out.phi.pow(2).sum(-1)
+        trace = ((sq_norm.max() - sq_norm) / (2.0 * out.noise)).mean()
+        return nll + self.alpha * trace + (self.beta / n) * model.kl_divergence()
+
+
+class SVGPELBO(Objective):
+    """Negative SVGP evidence lower bound per datum (eq. 5)."""
+
+    name = "SVGP"
+
+    def __init__(self, beta: float = 1.0) -> None:
+        self.beta = beta
+
+    def __call__(self, model, x, y, n):
+        out = model(x)
+        fit = gaussian_nll(y, out.mean, out.noise) + out.var_f / (2.0 * out.noise)
+        return fit.mean() + (self.beta / n) * model.kl_divergence()
+
+
+class VBLLELBO(SVGPELBO):
+    """Variational Bayesian last layer: the ELBO of a Gaussian last layer with N(0, I) prior."""
+
+    name = "VBLL"
+
+
+class PPGP(Objective):
+    """Parametric predictive GP loss: predictive NLL + (beta/n) KL (eq. 6)."""
+
+    name = "PPGP"
+
+    def __init__(self, beta: float = 0.01) -> None:
+        self.beta = beta
+
+    def __call__(self, model, x, y, n):
+        out = model(x)
+        nll = gaussian_nll(y, out.mean, out.predictive_var).mean()
+        return nll + (self.beta / n) * model.kl_divergence()
+
+
+class MeanSquaredError(Objective):
+    """MSE for the network; :meth:`refresh` sets sigma^2 to the training MSE (its MLE)."""
+
+    name = "MSE"
+
+    def __call__(self, model, x, y, n):
+        return (y - model(x).mean).pow(2).mean()
+
+    @torch.no_grad()
+    def refresh(self, model, x, y, chunk_size: int = 65536):
+        sq = sum(float((yb - model(xb).mean).pow(2).sum()) for xb, yb in zip(x.split(chunk_size), y.split(chunk_size)))
+        model.noise.set_(sq / len(y))
+
+
+def woodbury_log_marginal(phi: torch.Tensor, y: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """log N(y; 0, Phi Phi^T + sigma^2 I_n) in O(n r^2) (eq. 11).
+
+    With Lambda = Phi^T Phi + sigma^2 I_r = L_Lam L_Lam^T and v = L_Lam^{-1} Phi^T y:
+    ``-n/2 log 2pi - (n - r)/2 log sigma^2 - 1/2 log|Lambda| - ||y||^2 / (2 sigma^2)
+    + ||v||^2 / (2 sigma^2)``.
+
+    Args:
+        phi: (n, r) basis values. y: (n,) targets (mean already subtracted).
+        noise: () sigma^2.
+    """
+    n, r = phi.shape
+    chol = torch.linalg.cholesky(_precision(phi, noise))
+    v = torch.linalg.solve_triangular(chol, (phi.T @ y).unsqueeze(-1), upper=False).squeeze(-1)
+    log_det = 2.0 * torch.log(torch.diagonal(chol)).sum()
+    return (
+        -0.5 * n * _LOG_2PI
+        - 0.5 * (n - r) * torch.log(noise)
+        - 0.5 * log_det
+        - (y.pow(2).sum() - v.pow(2).sum()) / (2.0 * noise)
+    )
+
+
+def exact_posterior(phi: torch.Tensor, y: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Closed-form weight posterior w | y ~ N(Lambda^{-1} Phi^T y, sigma^2 Lambda^{-1}) (eq. 10).
+
+    Returns:
+        (mean (r,), lower Cholesky factor (r, r) of the covariance sigma^2 Lambda^{-1}).
+    """
+    chol = torch.linalg.cholesky(_precision(phi, noise))
+    mean = torch.cholesky_solve((phi.T @ y).unsqueeze(-1), chol).squeeze(-1)
+    cov = noise * torch.cholesky_inverse(chol)
+    cov = 0.5 * (cov + cov.T)
+    jitter = 1e-10 if cov.dtype == torch.float64 else 1e-7
+    return mean, jittered_cholesky(cov, jitter * float(torch.diagonal(cov).mean()))
+
+
+def _precision(phi: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    eye = torch.eye(phi.shape[1], dtype=phi.dtype, device=phi.device)
+    return phi.T @ phi + noise * eye
+
+
+class ExactMarginalLikelihood(Objective):
+    """Exact DBK: minimise -(1/n) log p(y) by Woodbury; q(w) set to the exact posterior.
+
+    Full batch: each training step sees the whole training set (the trainer caps it at
+    ``TrainConfig.full_batch_max`` rows, drawing a fresh random subset per step when
+    larger). :meth:`refresh` sets m, L from eq. (10) on the full training set, in
+    chunks, before each validation.
+    """
+
+    name = "MML"
+    full_batch = True
+
+    def __init__(self, chunk_size: int = 65536) -> None:
+        self.chunk_size = chunk_size
+
+    def __call__(self, model, x, y, n):
+        phi = model.basis(x)
+        return -woodbury_log_marginal(phi, y - model.constant_mean, model.noise()) / y.shape[0]
+
+    @torch.no_grad()
+    def refresh(self, model, x, y):
+        phi = torch.cat([model.basis(chunk) for chunk in x.split(self.chunk_size)])
+        mean, factor = exact_posterior(phi, y - model.constant_mean, model.noise())
+        model.set_posterior(mean, factor)

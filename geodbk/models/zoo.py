@@ -1,0 +1,161 @@
+"""The model zoo: a registry from a model name to how to build and train it.
+
+A :class:`ModelSpec` pairs a builder (input dimension + :class:`ModelConfig` -> module
+whose ``forward`` returns a :class:`~geodbk.models.basis_gp.GPOutput`) with an objective
+factory (train settings -> :class:`~geodbk.models.objectives.Objective`).
+
+Registering a new kind is one call, e.g. from another module::
+
+    from geodbk.models import BasisGP, ModelSpec, register_model
+
+    register_model("my-model", ModelSpec(
+        build=lambda d, cfg: BasisGP(my_basis(d, cfg)),
+        objective=lambda tc: MyObjective(tc.alpha),
+        description="what it is, in one line",
+    ))
+
+after which ``fit_arrays("my-model", ...)`` and ``geodbk fit --models my-model`` work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+from geodbk.models.backbone import IdentityBackbone, ResNetBackbone
+from geodbk.models.basis_gp import BasisGP, BasisMap, PointNetwork
+from geodbk.models.config import ModelConfig
+from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion
+from geodbk.models.objectives import (
+    DPPGP,
+    PPGP,
+    ExactMarginalLikelihood,
+    MeanSquaredError,
+    Objective,
+    SVGPELBO,
+    VBLLELBO,
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build and train one kind of model.
+
+    Attributes:
+        build: ``(input_dim, model_config) -> nn.Module``.
+        objective: ``(train_config) -> Objective``; reads e.g. ``alpha`` and ``beta``.
+        description: one line for listings.
+        full_batch: the objective needs the whole training set per step (exact MML).
+        prepare: optional ``(model, X, y, X_val, y_val, model_config, train_config) -> None``
+            run once on the freshly built model, with the standardised training and
+            validation tensors, before the optimiser is made (not when resuming); e.g.
+            VaLLA fits and freezes its mean network here.
+    """
+
+    build: Callable[[int, ModelConfig], nn.Module]
+    objective: Callable[[Any], Objective]
+    description: str = ""
+    full_batch: bool = False
+    prepare: Callable[..., None] | None = None
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register_model(name: str, spec: ModelSpec, *, overwrite: bool = False) -> None:
+    """Add ``spec`` to the zoo under ``name``.
+
+    Raises:
+        ValueError: if ``name`` is taken and ``overwrite`` is false.
+    """
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"model {name!r} is already registered")
+    _REGISTRY[name] = spec
+
+
+def unregister_model(name: str) -> ModelSpec:
+    """Remove ``name`` from the zoo and return its spec (``KeyError`` if absent)."""
+    spec = get_model_spec(name)
+    del _REGISTRY[name]
+    return spec
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The spec registered under ``name``.
+
+    Raises:
+        KeyError: with the list of known names.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(available_models())}") from None
+
+
+def available_models() -> list[str]:
+    """Registered model names, in registration order."""
+    return list(_REGISTRY)
+
+
+# --- builders ---------------------------------------------------------------------------------
+def resnet(input_dim: int, cfg: ModelConfig) -> ResNetBackbone:
+    return ResNetBackbone(input_dim, cfg.hidden, cfg.n_blocks)
+
+
+def deep_rbf_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
+    """ResNet + whitened RBF inducing expansion (DBK-RBF, SV-DKL, PP-DKL)."""
+    return BasisMap(resnet(input_dim, cfg), RBFInducingExpansion(cfg.hidden, cfg.rank, cfg.jitter))
+
+
+def deep_silu_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
+    """ResNet + SiLU expansion (DBK-SiLU, VBLL)."""
+    return BasisMap(resnet(input_dim, cfg), SiLUExpansion(cfg.hidden, cfg.rank))
+
+
+def raw_rbf_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
+    """Identity backbone + whitened RBF inducing expansion on raw x (SV-RBF)."""
+    return BasisMap(IdentityBackbone(input_dim), RBFInducingExpansion(input_dim, cfg.rank, cfg.jitter))
+
+
+def _gp(basis_builder: Callable[[int, ModelConfig], BasisMap], *, include_residual: bool = False):
+    def build(input_dim: int, cfg: ModelConfig) -> BasisGP:
+        return BasisGP(
+            basis_builder(input_dim, cfg),
+            include_residual=include_residual,
+            noise_init=cfg.noise_init,
+            noise_floor=cfg.noise_floor,
+        )
+
+    return build
+
+
+def _network(input_dim: int, cfg: ModelConfig) -> PointNetwork:
+    return PointNetwork(resnet(input_dim, cfg), cfg.noise_init, cfg.noise_floor)
+
+
+register_model("dbk-rbf", ModelSpec(
+    _gp(deep_rbf_basis), lambda tc: DPPGP(tc.alpha, tc.beta),
+    "DBK with a whitened RBF inducing expansion, trained with dPPGP"))
+register_model("dbk-silu", ModelSpec(
+    _gp(deep_silu_basis), lambda tc: DPPGP(tc.alpha, tc.beta),
+    "DBK with a SiLU expansion, trained with dPPGP"))
+register_model("exact-dbk", ModelSpec(
+    _gp(deep_silu_basis), lambda tc: ExactMarginalLikelihood(),
+    "DBK-SiLU trained by exact marginal likelihood (Woodbury), exact posterior", full_batch=True))
+register_model("sv-rbf", ModelSpec(
+    _gp(raw_rbf_basis, include_residual=True), lambda tc: SVGPELBO(),
+    "SVGP with an ARD RBF kernel on the coordinates"))
+register_model("sv-dkl", ModelSpec(
+    _gp(deep_rbf_basis, include_residual=True), lambda tc: SVGPELBO(),
+    "SVGP with an RBF kernel on ResNet features (deep kernel learning)"))
+register_model("pp-dkl", ModelSpec(
+    _gp(deep_rbf_basis, include_residual=True), lambda tc: PPGP(tc.beta),
+    "PPGP with an RBF kernel on ResNet features"))
+register_model("vbll", ModelSpec(
+    _gp(deep_silu_basis), lambda tc: VBLLELBO(),
+    "variational Bayesian last layer: the DBK-SiLU basis trained by its ELBO"))
+register_model("dnn", ModelSpec(
+    _network, lambda tc: MeanSquaredError(),
+    "ResNet + linear head trained by MSE, homoscedastic noise"))
