@@ -1,0 +1,221 @@
+"""SpatialDataset: building, scaling, splitting, dropping, summary and the file round trip."""
+
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from geodbk.dataset import (
+    CoordinateTransform,
+    SpatialDataset,
+    build_dataset,
+    load_sample_dataset,
+    parse_quarters,
+    split_labels,
+)
+from geodbk.errors import InputDataError, RegionError
+from geodbk.quadkey import quadkey_centres
+
+
+def test_coordinate_transform_maps_the_box_to_the_unit_square():
+    t = CoordinateTransform(-67.5, 17.5, -65.0, 18.5)
+    corners = np.array([[-67.5, 17.5], [-65.0, 18.5], [-66.25, 18.0]])
+    np.testing.assert_allclose(t.to_unit(corners), [[-1, -1], [1, 1], [0, 0]], atol=1e-15)
+    pts = np.random.default_rng(0).uniform([-67.5, 17.5], [-65.0, 18.5], size=(1000, 2))
+    np.testing.assert_allclose(t.to_lonlat(t.to_unit(pts)), pts, rtol=0, atol=1e-12)
+    assert CoordinateTransform.from_dict(t.to_dict()) == t
+    with pytest.raises(InputDataError):
+        CoordinateTransform(0, 0, 0, 1)
+
+
+def test_parse_quarters():
+    assert parse_quarters("2023Q1, 2023q4") == [(2023, 1), (2023, 4)]
+    assert parse_quarters(["2020Q3", (2021, 2)]) == [(2020, 3), (2021, 2)]
+    assert parse_quarters(None) is None
+    for bad in ["2023-4", "2023Q5", "23Q1", ""]:
+        with pytest.raises(InputDataError):
+            parse_quarters(bad)
+
+
+def test_split_is_8_1_1_and_seeded():
+    labels = split_labels(1001, seed=3)
+    assert [(labels == s).sum() for s in ("train", "val", "test")] == [800, 100, 101]
+    assert (split_labels(1001, seed=3) == labels).all()
+    assert (split_labels(1001, seed=4) != labels).any()
+
+
+def test_dataset_columns_scaling_and_target(pr_dataset, pr_tiles_2023q4):
+    f = pr_dataset.frame
+    expected = ["quadkey", "year", "quarter", "service", "tests", "devices", "lon", "lat", "x1", "x2",
+                "value", "y", "urban_rural", "split", "geometry"]
+    assert list(f.columns) == expected
+    assert f.crs.to_epsg() == 4326
+    assert pr_dataset.target == "download" and pr_dataset.units == "Mbps"
+    assert pr_dataset.quarters == ["2023Q4"]
+    n_in = len(pr_tiles_2023q4)
+    assert len(f) + pr_dataset.dropped["outside_region"] + pr_dataset.dropped["zero_value"] + pr_dataset.dropped[
+        "missing_value"] == n_in
+    # value = avg_d_kbps / 1000 for the same tile; y = log10(value)
+    raw = pr_tiles_2023q4.set_index("quadkey")["avg_d_kbps"]
+    np.testing.assert_allclose(f["value"].to_numpy(), raw.loc[f["quadkey"]].to_numpy() / 1000.0, rtol=0, atol=0)
+    np.testing.assert_allclose(f["y"].to_numpy(), np.log10(f["value"].to_numpy()))
+    # centres and scaling
+    np.testing.assert_allclose(f[["lon", "lat"]].to_numpy(), quadkey_centres(f["quadkey"].to_numpy(dtype=object)))
+    xy = f[["x1", "x2"]].to_numpy()
+    assert xy.min() >= -1 and xy.max() <= 1
+    np.testing.assert_allclose(pr_dataset.transform.to_lonlat(xy), f[["lon", "lat"]].to_numpy(), atol=1e-12)
+    np.testing.assert_allclose(
+        list(pr_dataset.transform.to_dict().values()), np.array(pr_dataset.region.bounds) + [-0.01, -0.01, 0.01, 0.01]
+    )
+    # geometry = tile polygon containing the centre
+    assert f.geometry.contains(gpd.GeoSeries(gpd.points_from_xy(f["lon"], f["lat"]), index=f.index, crs=4326)).all()
+
+
+def test_splits_and_urban_rural_in_every_split(pr_dataset):
+    n = len(pr_dataset)
+    sizes = {s: len(pr_dataset.subset(s)) for s in ("train", "val", "test")}
+    assert sizes == {"train": int(0.8 * n), "val": int(0.1 * n), "test": n - int(0.8 * n) - int(0.1 * n)}
+    for split in ("train", "val", "test"):
+        X, y, ur = pr_dataset.arrays(split)
+        assert X.shape == (sizes[split], 2) and X.dtype == np.float64 and y.shape == (sizes[split],)
+        assert set(ur) == {"urban", "rural"}
+    with pytest.raises(InputDataError):
+        pr_dataset.subset("holdout")
+
+
+def test_split_does_not_depend_on_input_row_order(pr_tiles_2023q4, pr_dataset):
+    shuffled = pr_tiles_2023q4.sample(frac=1.0, random_state=7)
+    again = build_dataset(shuffled, "PR", quarters="2023Q4", seed=0)
+    pd.testing.assert_frame_equal(again.frame, pr_dataset.frame)
+    other_seed = build_dataset(pr_tiles_2023q4, "PR", seed=1)
+    assert (other_seed.frame["split"] != pr_dataset.frame["split"]).any()
+
+
+def test_save_load_round_trip_is_exact(pr_dataset, tmp_path):
+    path = pr_dataset.save(tmp_path / "sub" / "dataset.parquet")
+    assert [p.name for p in path.parent.iterdir()] == ["dataset.parquet"]
+    assert b"geo" in pq.read_schema(path).metadata  # a GeoParquet file
+    loaded = SpatialDataset.load(path)
+    pd.testing.assert_frame_equal(loaded.frame, pr_dataset.frame)
+    assert loaded.frame.crs == pr_dataset.frame.crs
+    assert loaded.transform == pr_dataset.transform
+    assert loaded.region.name == pr_dataset.region.name and loaded.region.code == "PR"
+    assert loaded.region.geometry.equals_exact(pr_dataset.region.geometry, tolerance=0)
+    assert loaded.metadata() == pr_dataset.metadata()
+    assert loaded.summary() == pr_dataset.summary()
+
+
+def test_failed_save_leaves_the_old_file_and_no_temp(pr_dataset, tmp_path, monkeypatch):
+    path = tmp_path / "dataset.parquet"
+    path.write_bytes(b"old")
+
+    real_write = pq.write_table
+
+    def broken(table, where, **kwargs):
+        if not isinstance(where, (str, Path)):
+            return real_write(table, where, **kwargs)  # geopandas' in-memory encoding step
+        Path(where).write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", broken)
+    with pytest.raises(OSError, match="disk full"):
+        pr_dataset.save(path)
+    assert path.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["dataset.parquet"]
+
+
+def test_load_refuses_other_files(tmp_path, pr_tiles_2023q4):
+    plain = tmp_path / "plain.parquet"
+    pr_tiles_2023q4.head(5).to_parquet(plain)
+    with pytest.raises(InputDataError, match="not a geodbk dataset"):
+        SpatialDataset.load(plain)
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"garbage")
+    with pytest.raises(InputDataError, match="cannot read"):
+        SpatialDataset.load(corrupt)
+
+
+def test_zero_and_missing_targets_are_dropped_and_counted(pr_tiles_2023q4):
+    tiles = pr_tiles_2023q4.copy()
+    tiles.loc[tiles.index[:7], "avg_u_kbps"] = 0
+    tiles.loc[tiles.index[7:10], "avg_u_kbps"] = np.nan
+    ds = build_dataset(tiles, "PR", target="upload", buffer_deg=0.5)
+    assert ds.dropped["zero_value"] == 7 and ds.dropped["missing_value"] == 3
+    assert ds.dropped["outside_region"] == 0
+    assert len(ds) == len(tiles) - 10 and ds.units == "Mbps"
+    assert np.isfinite(ds.frame["y"]).all()
+
+
+def test_latency_target(pr_tiles_2023q4):
+    ds = build_dataset(pr_tiles_2023q4, "PR", target="latency")
+    assert ds.units == "ms"
+    raw = pr_tiles_2023q4.set_index("quadkey")["avg_lat_ms"]
+    np.testing.assert_array_equal(ds.frame["value"].to_numpy(), raw.loc[ds.frame["quadkey"]].to_numpy())
+
+
+def test_bad_inputs_give_clear_errors(pr_tiles_2023q4):
+    with pytest.raises(InputDataError, match="target"):
+        build_dataset(pr_tiles_2023q4, "PR", target="jitter")
+    with pytest.raises(RegionError, match="unknown region"):
+        build_dataset(pr_tiles_2023q4, "Atlantis")
+    with pytest.raises(RegionError, match="no tiles left"):
+        build_dataset(pr_tiles_2023q4, "Alaska")
+    with pytest.raises(InputDataError, match=r"2018Q1.*2023Q4"):
+        build_dataset(pr_tiles_2023q4, "PR", quarters="2018Q1")
+    with pytest.raises(InputDataError, match="no fixed tiles"):
+        build_dataset(pr_tiles_2023q4, "PR", service="fixed")
+    no_speed = pd.DataFrame(pr_tiles_2023q4.drop(columns=["avg_d_kbps"]))
+    with pytest.raises(InputDataError, match="avg_d_kbps"):
+        build_dataset(no_speed, "PR")
+    for col in ("quadkey", "year"):
+        broken = pr_tiles_2023q4.copy()
+        broken[col] = broken[col].astype(object)
+        broken.loc[broken.index[5], col] = None
+        with pytest.raises(InputDataError, match=f"1 row.*no {col}"):
+            build_dataset(broken, "PR")
+    no_key = pd.DataFrame(pr_tiles_2023q4.drop(columns=["quarter"]))
+    with pytest.raises(InputDataError, match="quarter"):
+        build_dataset(no_key, "PR")
+    all_zero = pr_tiles_2023q4.assign(avg_d_kbps=0.0)
+    with pytest.raises(InputDataError, match="positive download"):
+        build_dataset(all_zero, "PR")
+
+
+def test_tiles_in_another_crs_are_reprojected_and_no_crs_is_refused(pr_tiles_2023q4, pr_dataset):
+    projected = pr_tiles_2023q4.to_crs(3857)
+    ds = build_dataset(projected, "PR", quarters="2023Q4")
+    assert ds.frame.crs.to_epsg() == 4326
+    np.testing.assert_allclose(np.asarray(ds.frame.geometry.bounds), np.asarray(pr_dataset.frame.geometry.bounds), atol=1e-9)
+    no_crs = pr_tiles_2023q4.set_crs(None, allow_override=True)
+    with pytest.raises(InputDataError, match="no CRS"):
+        build_dataset(no_crs, "PR")
+
+
+def test_plain_table_with_the_truncated_quarter_flag(pr_tiles_2023q4):
+    raw = pd.DataFrame(pr_tiles_2023q4.drop(columns="geometry")).head(200)
+    raw["quarter_incomplete"] = np.arange(200) < 30
+    ds = build_dataset(raw, "PR", buffer_deg=0.5)
+    assert ds.dropped["incomplete_quarter"] == 30 and len(ds) == 170
+
+
+def test_summary_reports_quarters_splits_urban_and_target(pr_dataset):
+    text = pr_dataset.summary()
+    f = pr_dataset.frame
+    assert "Puerto Rico, download (Mbps)" in text
+    assert f"{len(f):,}" in text and "2023Q4" in text
+    train = f[f["split"] == "train"]
+    urban_row, stats_row = [line.split() for line in text.splitlines() if line.startswith("train")]
+    assert urban_row[1:3] == [str((train["urban_rural"] == u).sum()) for u in ("urban", "rural")]
+    assert stats_row[1] == str(len(train))
+    assert f"{train['y'].mean():.3f}" in text and f"{train['value'].median():.3f}" in text
+    assert "outside_region" in text and pr_dataset.urban_route in text
+
+
+def test_load_sample_dataset_hawaii():
+    ds = load_sample_dataset("HI", target="upload", quarters=["2023Q4"])
+    assert ds.region.code == "HI" and ds.quarters == ["2023Q4"] and 1500 < len(ds) < 1700
+    with pytest.raises(RegionError, match="Puerto Rico"):
+        load_sample_dataset("TX")
