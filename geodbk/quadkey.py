@@ -23,11 +23,13 @@ OOKLA_ZOOM = 16
 MAX_LATITUDE = 85.05112878
 
 
-def _as_str_array(quadkeys: str | Iterable[str]) -> np.ndarray:
+def _as_object_array(quadkeys: str | Iterable[str]) -> np.ndarray:
+    """Quadkeys as a flat ``(n,)`` object array (one string -> n = 1)."""
     if isinstance(quadkeys, str):
         quadkeys = [quadkeys]
-    arr = np.asarray(list(quadkeys) if not isinstance(quadkeys, np.ndarray) else quadkeys, dtype=object)
-    return arr.reshape(-1)
+    elif not isinstance(quadkeys, np.ndarray):
+        quadkeys = list(quadkeys)
+    return np.asarray(quadkeys, dtype=object).reshape(-1)
 
 
 def quadkey_to_tile(quadkeys: str | Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -43,7 +45,7 @@ def quadkey_to_tile(quadkeys: str | Iterable[str]) -> tuple[np.ndarray, np.ndarr
         InputDataError: a quadkey is missing, empty, longer than 31 digits or has a digit
             other than 0-3.
     """
-    arr = _as_str_array(quadkeys)
+    arr = _as_object_array(quadkeys)
     n = arr.size
     x = np.zeros(n, dtype=np.int64)
     y = np.zeros(n, dtype=np.int64)
