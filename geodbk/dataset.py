@@ -212,6 +212,7 @@ class SpatialDataset:
         os.close(fd)
         try:
             pq.write_table(table, tmp)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600
             os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
@@ -327,7 +328,7 @@ def build_dataset(
         _check_keys(tiles)
         tiles = as_tiles(tiles, service=service)
     else:
-        tiles = read_tiles(tiles, cache_dir=cache_dir)
+        tiles = read_tiles(tiles, service=service, cache_dir=cache_dir)
     dropped: dict[str, int] = {**tiles.attrs.get("dropped", {})}
     region = load_region(region)
 

@@ -120,6 +120,7 @@ def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.
                     bar.update(len(chunk))
             if total is not None and received < total:
                 raise DownloadError(f"cannot download {url}: connection closed after {received} of {total} bytes")
+        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600
         os.replace(tmp_name, target)
     except DownloadError:
         Path(tmp_name).unlink(missing_ok=True)

@@ -106,6 +106,18 @@ def test_ookla_own_parquet_schema(ookla_schema_table):
     assert shapely.equals_exact(tiles.geometry.to_numpy(), ref, tolerance=0).all()
 
 
+def test_geoparquet_round_trip(pr_tiles_2023q4, tmp_path):
+    path = tmp_path / "tiles.parquet"
+    pr_tiles_2023q4.to_crs(3857).to_parquet(path)  # GeoParquet with a projected CRS
+    back = read_tiles(path)
+    pd.testing.assert_frame_equal(
+        pd.DataFrame(back.drop(columns="geometry")), pd.DataFrame(pr_tiles_2023q4.drop(columns="geometry"))
+    )
+    np.testing.assert_allclose(
+        np.asarray(back.geometry.bounds), np.asarray(pr_tiles_2023q4.geometry.bounds), rtol=0, atol=1e-9
+    )
+
+
 def test_missing_tile_column_rebuilds_polygons_and_quarter_can_be_given(ookla_schema_table, tmp_path):
     _, df = ookla_schema_table
     path = tmp_path / "tiles.parquet"
