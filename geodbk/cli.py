@@ -87,21 +87,136 @@ def _run_fit(args: argparse.Namespace) -> int:
 
 # --- predict / export ---------------------------------------------------------------------
 def _add_predict(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="rasterise a fitted model's predictions on a grid")
+    p = sub.add_parser(
+        "predict",
+        help="rasterise a fitted model's predictions on a grid (NetCDF or Zarr)",
+        description=(
+            "Predict a fitted model on a regular grid over a region and write an xarray dataset with "
+            "mean, sd and pi_width (95%) of y = log10(value) (units log10(Mbps), or log10(ms) for "
+            "latency), mean/lower/upper in Mbps (10**(mean -/+ 1.96 sd)) and optional kernel slices. "
+            "Cells outside the region polygon are NaN and not predicted. The grid is filled in row "
+            "blocks written straight to the output, so memory stays flat for any grid size."
+        ),
+        epilog="example: geodbk predict --model runs/demo/models/dbk-rbf.pt --region PR "
+        "--resolution 0.01 --out pr.nc --ref sanjuan:-66.06,18.45",
+    )
+    p.add_argument("--model", required=True, metavar="PATH", help="fitted model file, e.g. RUN/models/dbk-rbf.pt")
+    p.add_argument("--out", required=True, metavar="PATH", help="output grid: *.nc (NetCDF-4) or *.zarr (Zarr store)")
+    p.add_argument("--region", help="state name, USPS code or polygon file (default: the region the model was fitted on)")
+    p.add_argument("--resolution", default="0.01",
+                   help="cell side: a number in CRS units (degrees for EPSG:4326), or with a unit: "
+                   "0.01deg, 500m, 2km (default 0.01 degrees, about 1.1 km)")
+    p.add_argument("--crs", help="CRS of the grid, e.g. EPSG:32161 (default EPSG:4326; with a metre "
+                   "resolution the region's UTM zone)")
+    p.add_argument("--ref", action="append", default=[], metavar="NAME:LON,LAT",
+                   help="reference point for a kernel_slice layer, in degrees; repeat for more")
+    p.add_argument("--dataset", metavar="PATH",
+                   help="dataset (RUN/dataset.parquet) to choose urban, rural and wildland reference "
+                   "points automatically when no --ref is given")
+    p.add_argument("--chunk-rows", type=int, metavar="N", help="grid rows per block (default: ~262k cells per block)")
+    p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(handler=_run_predict)
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    raise NotImplementedError("predict")
+    import time
+
+    from geodbk.dataset import SpatialDataset
+    from geodbk.errors import InputDataError
+    from geodbk.geomodel import GeoModel
+    from geodbk.grids import RegularGrid, parse_refs, predict_grid, reference_points
+    from geodbk.regions import load_region
+
+    if not args.out.endswith((".nc", ".zarr")):
+        raise InputDataError(f"--out must end in .nc or .zarr, got {args.out}")
+    model = GeoModel.load(args.model, device=args.device)
+    region_spec = args.region or model.meta.get("region")
+    if not region_spec:
+        raise InputDataError("the model file names no region; pass --region")
+    grid = RegularGrid.over(load_region(region_spec), args.resolution, crs=args.crs)
+    refs = parse_refs(args.ref)
+    if not refs and args.dataset:
+        refs = reference_points(SpatialDataset.load(args.dataset), grid)
+    print(f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} in {grid.crs.to_string()}"
+          + (f"; kernel slices at {', '.join(refs)}" if refs else ""))
+    start = time.perf_counter()
+    ds = predict_grid(model, grid, refs=refs or None, chunk_rows=args.chunk_rows, store=args.out,
+                      progress=not args.no_progress)
+    ds.close()
+    print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
+    return 0
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write GeoTIFF / GeoJSON / NetCDF / Zarr from a fit")
+    p = sub.add_parser(
+        "export",
+        help="write GeoTIFF / NetCDF / Zarr from a grid, or GeoJSON / GeoParquet test tiles from a fit",
+        description=(
+            "Two jobs. From a grid written by `geodbk predict` (--grid): a float32 GeoTIFF with one band "
+            "per variable (band descriptions = variable names, nodata outside the region), optionally "
+            "Cloud-Optimized (--cog), or a copy as NetCDF / Zarr. From a fitted model and its dataset "
+            "(--model, --dataset): the test tiles with the observed value and the predictive mean, sd "
+            "and 95% bounds in log10 and data units, the urban/rural label, quadkey and quarter."
+        ),
+        epilog="examples: geodbk export --grid pr.nc --geotiff pr.tif --cog\n"
+        "          geodbk export --model RUN/models/dbk-rbf.pt --dataset RUN/dataset.parquet "
+        "--test-tiles tiles.geojson",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("grid outputs")
+    g.add_argument("--grid", metavar="PATH", help="grid from `geodbk predict` (*.nc or *.zarr)")
+    g.add_argument("--geotiff", metavar="PATH", help="write a GeoTIFF here")
+    g.add_argument("--cog", action="store_true", help="make the GeoTIFF a Cloud-Optimized GeoTIFF (tiled, overviews)")
+    g.add_argument("--variables", nargs="+", metavar="NAME",
+                   help="GeoTIFF bands, in order (default: all variables; kernel_slice gives one band per reference point)")
+    g.add_argument("--nodata", type=float, default=None, help="GeoTIFF nodata value (default -9999)")
+    g.add_argument("--netcdf", metavar="PATH", help="copy the grid to NetCDF-4")
+    g.add_argument("--zarr", metavar="PATH", help="copy the grid to a Zarr store")
+    t = p.add_argument_group("test-tile outputs")
+    t.add_argument("--model", metavar="PATH", help="fitted model file (RUN/models/<kind>.pt)")
+    t.add_argument("--dataset", metavar="PATH", help="its dataset (RUN/dataset.parquet)")
+    t.add_argument("--test-tiles", metavar="PATH", help="write the tiles here: *.geojson or *.parquet (GeoParquet)")
+    t.add_argument("--split", default="test", choices=("train", "val", "test"), help="which split's tiles (default test)")
     p.set_defaults(handler=_run_export)
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    raise NotImplementedError("export")
+    from geodbk.errors import InputDataError
+
+    grid_outputs = [args.geotiff, args.netcdf, args.zarr]
+    if not args.grid and not args.test_tiles:
+        raise InputDataError("nothing to do: give --grid with --geotiff/--netcdf/--zarr, "
+                             "or --model, --dataset and --test-tiles")
+    if args.grid and not any(grid_outputs):
+        raise InputDataError("--grid needs an output: --geotiff, --netcdf or --zarr")
+    if any(grid_outputs) and not args.grid:
+        raise InputDataError("--geotiff/--netcdf/--zarr need --grid")
+    if args.test_tiles and not (args.model and args.dataset):
+        raise InputDataError("--test-tiles needs --model and --dataset")
+    if args.grid:
+        from geodbk.export import GEOTIFF_NODATA, write_geotiff, write_netcdf, write_zarr
+        from geodbk.grids import open_grid
+
+        ds = open_grid(args.grid)
+        if args.geotiff:
+            nodata = GEOTIFF_NODATA if args.nodata is None else args.nodata
+            path = write_geotiff(ds, args.geotiff, variables=args.variables, cog=args.cog, nodata=nodata)
+            print(f"wrote {path}")
+        if args.netcdf:
+            print(f"wrote {write_netcdf(ds, args.netcdf)}")
+        if args.zarr:
+            print(f"wrote {write_zarr(ds, args.zarr)}")
+        ds.close()
+    if args.test_tiles:
+        from geodbk.dataset import SpatialDataset
+        from geodbk.export import write_tile_predictions
+        from geodbk.geomodel import GeoModel
+
+        model = GeoModel.load(args.model)
+        dataset = SpatialDataset.load(args.dataset)
+        print(f"wrote {write_tile_predictions(model, dataset, args.test_tiles, split=args.split)}")
+    return 0
 
 
 # --- serve ------------------------------------------------------------------------------
@@ -116,12 +231,69 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 # --- demo (the README's main job) -------------------------------------------------------------
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the main job on the shipped Puerto Rico sample")
+    # defaults live in geodbk.workflow.DemoConfig (not imported here: it pulls in torch);
+    # an option left unset keeps the DemoConfig default named in its help
+    p = sub.add_parser(
+        "demo",
+        help="the main job on the shipped Puerto Rico sample",
+        description=(
+            "Build the mobile download-speed dataset from the shipped Ookla sample, fit DBK-RBF and the "
+            "SVGP baselines, print the urban/rural test metrics (y = log10 Mbps) and write a run folder: "
+            "dataset.parquet, models/<kind>.pt, metrics.csv/json, maps/<kind>.nc and .tif (mean, sd, "
+            "95% PI width, Mbps bounds, kernel slices) and maps/<kind>_test_tiles.geojson. "
+            "The defaults finish in a few minutes on 2 CPU cores; --paper-size uses the paper's "
+            "h=256, r=1024, 400 epochs (a GPU job). Open the result with `geodbk serve --run DIR`."
+        ),
+    )
+    p.add_argument("--out", default="runs/demo", metavar="DIR", help="run folder to write (default runs/demo)")
+    p.add_argument("--region", choices=("PR", "HI"), help="shipped sample region (default PR)")
+    p.add_argument("--target", choices=("download", "upload", "latency"), help="speed-test measure (default download)")
+    p.add_argument("--quarters", help="comma-separated quarters, or 'all' for 2019Q1-2023Q4 "
+                   "(default 2023Q1,2023Q2,2023Q3,2023Q4)")
+    p.add_argument("--models", help="comma-separated model kinds to fit (default dbk-rbf,sv-rbf,sv-dkl)")
+    p.add_argument("--epochs", type=int, help="training epochs per model (default 60)")
+    p.add_argument("--resolution", help="map cell side in degrees, or e.g. 500m (default 0.005 degrees, about 550 m)")
+    p.add_argument("--crs", help="CRS of the maps (default EPSG:4326; UTM for metre resolutions)")
+    p.add_argument("--paper-size", action="store_true", help="paper model size and 400-epoch schedule")
+    p.add_argument("--seed", type=int, help="seed of the split and the fits (default 0)")
+    p.add_argument("--device", help="auto (CUDA if available), cpu or cuda (default auto)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(handler=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    raise NotImplementedError("demo")
+    import time
+
+    from geodbk.errors import InputDataError
+    from geodbk.workflow import DemoConfig, run_demo
+
+    given: dict = {
+        "region": args.region,
+        "target": args.target,
+        "epochs": args.epochs,
+        "resolution": args.resolution,
+        "map_crs": args.crs,
+        "seed": args.seed,
+        "device": args.device,
+    }
+    if args.models is not None:
+        given["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+        if not given["models"]:
+            raise InputDataError("--models names no model kind")
+    if args.quarters is not None:
+        text = args.quarters.strip()
+        given["quarters"] = None if text.lower() == "all" else [q.strip() for q in text.split(",") if q.strip()]
+    if args.epochs is not None and args.epochs < 1:
+        raise InputDataError(f"--epochs must be >= 1, got {args.epochs}")
+    config = DemoConfig(
+        **{k: v for k, v in given.items() if v is not None or k == "quarters"},
+        paper_size=args.paper_size,
+        progress=not args.no_progress,
+    )
+    start = time.perf_counter()
+    result = run_demo(args.out, config)
+    print(f"done in {time.perf_counter() - start:.0f} s: {len(result.files)} files in {result.run.root}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -119,14 +119,12 @@ def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
     """Write the whole grid dataset to NetCDF-4 (zlib-compressed float32, CRS in ``spatial_ref``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    encoding = {
-        name: {**ds[name].encoding, "zlib": True, "complevel": 4, "_FillValue": np.float32(np.nan)}
-        for name in ds.data_vars
-        if np.issubdtype(ds[name].dtype, np.floating)
-    }
-    for enc in encoding.values():
-        for key in ("chunks", "preferred_chunks", "source", "original_shape", "dtype", "compressors", "filters"):
-            enc.pop(key, None)
+    encoding = {}
+    for name in ds.data_vars:
+        enc = {k: v for k, v in ds[name].encoding.items() if k == "grid_mapping"}
+        if np.issubdtype(ds[name].dtype, np.floating):
+            enc.update(zlib=True, complevel=4, _FillValue=np.float32(np.nan))
+        encoding[name] = enc
     ds.to_netcdf(path, mode="w", engine="netcdf4", encoding=encoding)
     return path
 
