@@ -1,0 +1,206 @@
+"""A fitted model on plain arrays: :class:`Regressor` and its :class:`Prediction`.
+
+The regressor owns the target standardisation: the network sees ``(y - y_mean) / y_std``
+and everything it returns is converted back to the original target units
+(log10 of Mbps or ms for geodbk datasets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from geodbk.errors import InputDataError
+from geodbk.models.config import ModelConfig
+from geodbk.models.zoo import get_model_spec
+
+#: Two-sided 95% standard-normal quantile.
+Z95 = 1.959964
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; anything else -> ``torch.device(device)``."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass
+class Prediction:
+    """Gaussian predictive distribution N(mean, sd^2) per point, in target units.
+
+    Attributes:
+        mean: (n,) predictive mean.
+        sd: (n,) predictive standard deviation (function + observation noise).
+    """
+
+    mean: np.ndarray
+    sd: np.ndarray
+
+    @property
+    def var(self) -> np.ndarray:
+        """(n,) predictive variance sd^2."""
+        return self.sd**2
+
+    @property
+    def lower(self) -> np.ndarray:
+        """(n,) lower end of the 95% prediction interval."""
+        return self.mean - Z95 * self.sd
+
+    @property
+    def upper(self) -> np.ndarray:
+        """(n,) upper end of the 95% prediction interval."""
+        return self.mean + Z95 * self.sd
+
+    @property
+    def pi_width(self) -> np.ndarray:
+        """(n,) width of the 95% prediction interval, 2 * 1.959964 * sd."""
+        return 2.0 * Z95 * self.sd
+
+    def __len__(self) -> int:
+        return len(self.mean)
+
+    def subset(self, index: np.ndarray) -> "Prediction":
+        """The predictions at ``index`` (boolean mask or integer positions)."""
+        return Prediction(self.mean[index], self.sd[index])
+
+
+def as_inputs(X: Any, input_dim: int | None = None, name: str = "X") -> np.ndarray:
+    """Check and convert inputs to a finite float64 (n, d) array."""
+    arr = np.asarray(X, dtype=np.float64)
+    if arr.ndim == 1 and input_dim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise InputDataError(f"{name} must be a 2-D array (n, d), got shape {arr.shape}")
+    if input_dim is not None and arr.shape[1] != input_dim:
+        raise InputDataError(f"{name} has {arr.shape[1]} columns, the model expects {input_dim}")
+    if not np.isfinite(arr).all():
+        raise InputDataError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+@dataclass
+class Regressor:
+    """A fitted model of kind ``kind`` on ``input_dim``-dimensional inputs.
+
+    Attributes:
+        kind: the zoo name the model was built from.
+        model: the torch module (returns :class:`~geodbk.models.GPOutput`).
+        model_config: the architecture settings.
+        input_dim: d.
+        y_mean, y_std: the target standardisation (original units).
+        history: per-epoch training log (epoch, loss, val_nll in original units).
+        best_epoch: the epoch whose weights were kept (best validation NLL).
+        train_config: the training settings, as a dict.
+    """
+
+    kind: str
+    model: nn.Module
+    model_config: ModelConfig
+    input_dim: int
+    y_mean: float
+    y_std: float
+    history: list[dict[str, float]] = field(default_factory=list)
+    best_epoch: int = 0
+    train_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model_config.torch_dtype
+
+    def _tensor(self, X: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(X, dtype=self.dtype, device=self.device)
+
+    @torch.no_grad()
+    def predict(self, X: np.ndarray, batch_size: int = 65536) -> Prediction:
+        """Predictive mean and sd at ``X`` (n, d), in batches of ``batch_size`` rows."""
+        X = as_inputs(X, self.input_dim)
+        self.model.eval()
+        means, sds = [], []
+        for start in range(0, len(X), batch_size):
+            out = self.model(self._tensor(X[start : start + batch_size]))
+            means.append(out.mean.double().cpu().numpy())
+            sds.append(out.predictive_var.double().sqrt().cpu().numpy())
+        mean = np.concatenate(means) if means else np.empty(0)
+        sd = np.concatenate(sds) if sds else np.empty(0)
+        return Prediction(mean * self.y_std + self.y_mean, sd * self.y_std)
+
+    @torch.no_grad()
+    def kernel(self, X: np.ndarray, X_ref: np.ndarray, batch_size: int = 65536) -> np.ndarray:
+        """Prior kernel k(x, x_ref) in target units^2: (n, k) for X (n, d), X_ref (k, d)."""
+        X = as_inputs(X, self.input_dim)
+        X_ref = as_inputs(X_ref, self.input_dim, name="X_ref")
+        self.model.eval()
+        ref = self._tensor(X_ref)
+        blocks = [
+            self.model.kernel(self._tensor(X[start : start + batch_size]), ref).double().cpu().numpy()
+            for start in range(0, len(X), batch_size)
+        ]
+        out = np.concatenate(blocks) if blocks else np.empty((0, len(X_ref)))
+        return out * self.y_std**2
+
+    # --- persistence -----------------------------------------------------------------------
+    def to_payload(self) -> dict[str, Any]:
+        """Everything needed to rebuild the regressor, as a torch-saveable dict."""
+        return {
+            "format": "geodbk.regressor/1",
+            "kind": self.kind,
+            "model_config": self.model_config.to_dict(),
+            "input_dim": self.input_dim,
+            "y_mean": self.y_mean,
+            "y_std": self.y_std,
+            "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "history": self.history,
+            "best_epoch": self.best_epoch,
+            "train_config": self.train_config,
+        }
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any], device: str | torch.device = "cpu") -> "Regressor":
+        """Rebuild from :meth:`to_payload` output on ``device`` ("auto" allowed)."""
+        if payload.get("format") != "geodbk.regressor/1":
+            raise InputDataError("not a geodbk regressor file (missing format tag)")
+        config = ModelConfig.from_dict(payload["model_config"])
+        model = build_model(payload["kind"], payload["input_dim"], config)
+        model.load_state_dict(payload["state_dict"])
+        model.to(resolve_device(device)).eval()
+        return cls(
+            kind=payload["kind"],
+            model=model,
+            model_config=config,
+            input_dim=payload["input_dim"],
+            y_mean=payload["y_mean"],
+            y_std=payload["y_std"],
+            history=payload["history"],
+            best_epoch=payload["best_epoch"],
+            train_config=payload["train_config"],
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write weights, configs, kind and y scaling to ``path`` (a torch .pt file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(self.to_payload(), path)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "Regressor":
+        """Read a file written by :meth:`save`; tensors are mapped to ``device``."""
+        path = Path(path)
+        if not path.exists():
+            raise InputDataError(f"no model file at {path}")
+        payload = torch.load(path, map_location=resolve_device(device), weights_only=False)
+        return cls.from_payload(payload, device)
+
+
+def build_model(kind: str, input_dim: int, config: ModelConfig) -> nn.Module:
+    """Instantiate the zoo model ``kind`` for ``input_dim`` inputs in the config's dtype."""
+    return get_model_spec(kind).build(input_dim, config).to(config.torch_dtype)

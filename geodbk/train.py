@@ -1,0 +1,275 @@
+"""Training loop: :class:`TrainConfig`, :func:`fit_arrays` and resumable checkpoints.
+
+Targets are standardised inside (the :class:`~geodbk.regressor.Regressor` keeps the
+scaling); validation NLL is computed every epoch and the weights with the best
+validation NLL are kept. NLL in original units is NLL_std + log(y_std).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from geodbk.errors import InputDataError
+from geodbk.models.config import ModelConfig
+from geodbk.models.objectives import Objective, gaussian_nll
+from geodbk.models.zoo import get_model_spec
+from geodbk.regressor import Regressor, as_inputs, build_model, resolve_device
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings.
+
+    Attributes:
+        epochs: maximum passes over the training data (full-batch kinds: gradient steps).
+        batch_size: mini-batch size b (1024).
+        lr: AdamW learning rate (1e-3).
+        weight_decay: AdamW weight decay on the backbone only (1e-2).
+        alpha: dPPGP trace-regulariser weight (0.1).
+        beta: dPPGP / PPGP KL weight (0.01).
+        patience: stop after this many epochs without a better validation NLL; ``None``
+            never stops early.
+        seed: seeds the initial weights and the batch order.
+        device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ...
+        progress: show a tqdm bar with the loss and validation NLL.
+        checkpoint_path: if set, write a resumable checkpoint there after every epoch.
+        resume_from: a checkpoint to continue from (same kind and configs).
+        full_batch_max: row cap per step for full-batch objectives; above it each step
+            uses a fresh random subset of this size.
+        eval_batch_size: rows per batch when computing validation predictions.
+    """
+
+    epochs: int = 100
+    batch_size: int = 1024
+    lr: float = 1e-3
+    weight_decay: float = 1e-2
+    alpha: float = 0.1
+    beta: float = 0.01
+    patience: int | None = 50
+    seed: int = 0
+    device: str = "auto"
+    progress: bool = True
+    checkpoint_path: str | None = None
+    resume_from: str | None = None
+    full_batch_max: int = 100_000
+    eval_batch_size: int = 65536
+
+    @classmethod
+    def paper(cls, **overrides: Any) -> "TrainConfig":
+        """The paper's spatial-task schedule: 400 epochs."""
+        return cls(**{"epochs": 400, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _targets(y: Any, n: int, name: str) -> np.ndarray:
+    arr = np.asarray(y, dtype=np.float64).reshape(-1)
+    if arr.shape[0] != n:
+        raise InputDataError(f"{name} has {arr.shape[0]} values but its inputs have {n} rows")
+    if not np.isfinite(arr).all():
+        raise InputDataError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    decayed = {id(p) for p in model.backbone_parameters()}
+    groups = [
+        {"params": [p for p in model.parameters() if id(p) in decayed], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in model.parameters() if id(p) not in decayed], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
+
+
+@torch.no_grad()
+def _mean_nll(model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:
+    """Mean predictive NLL on the standardised scale."""
+    model.eval()
+    total = 0.0
+    for xb, yb in zip(X.split(batch_size), y.split(batch_size)):
+        out = model(xb)
+        total += float(gaussian_nll(yb, out.mean, out.predictive_var).sum())
+    return total / len(y)
+
+
+def _save_atomic(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def fit_arrays(
+    kind: str,
+    X: np.ndarray,
+    y: np.ndarray,
+    X_val: np.ndarray,
+    y_val: np.ndarray,
+    *,
+    model_config: ModelConfig | None = None,
+    train_config: TrainConfig | None = None,
+    resume: str | Path | None = None,
+) -> Regressor:
+    """Fit the zoo model ``kind`` to ``(X, y)``, selecting on ``(X_val, y_val)``.
+
+    Args:
+        kind: a registered name (:func:`geodbk.models.available_models`).
+        X: (n, d) training inputs (geodbk datasets: coordinates scaled to [-1, 1]).
+        y: (n,) training targets in original units.
+        X_val, y_val: validation inputs and targets for early stopping / checkpointing.
+        model_config: architecture; defaults to :class:`ModelConfig()`.
+        train_config: optimisation; defaults to :class:`TrainConfig()`.
+        resume: a checkpoint to continue from; overrides ``train_config.resume_from``.
+
+    Returns:
+        The fitted :class:`Regressor`, holding the best-validation-NLL weights.
+
+    Raises:
+        InputDataError: on mismatched shapes, non-finite values, fewer than 2 training
+            points, or constant targets.
+        KeyError: for an unknown ``kind``.
+    """
+    spec = get_model_spec(kind)
+    mcfg = model_config or ModelConfig()
+    tcfg = train_config or TrainConfig()
+    resume = resume if resume is not None else tcfg.resume_from
+
+    X = as_inputs(X)
+    d = X.shape[1]
+    X_val = as_inputs(X_val, d, name="X_val")
+    y = _targets(y, len(X), "y")
+    y_val = _targets(y_val, len(X_val), "y_val")
+    if len(X) < 2 or len(X_val) < 1:
+        raise InputDataError(f"need at least 2 training and 1 validation points, got {len(X)}, {len(X_val)}")
+    y_mean, y_std = float(y.mean()), float(y.std())
+    if not y_std > 0:
+        raise InputDataError("training targets are constant; nothing to fit")
+
+    device = resolve_device(tcfg.device)
+    dtype = mcfg.torch_dtype
+    torch.manual_seed(tcfg.seed)
+    model = build_model(kind, d, mcfg).to(device)
+    if spec.prepare is not None and resume is None:
+        std_tensors = [
+            torch.as_tensor(a, dtype=dtype, device=device)
+            for a in (X, (y - y_mean) / y_std, X_val, (y_val - y_mean) / y_std)
+        ]
+        spec.prepare(model, *std_tensors, mcfg, tcfg)
+    objective = spec.objective(tcfg)
+    optimizer = _optimizer(model, tcfg)
+    generator = torch.Generator().manual_seed(tcfg.seed)
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=dtype, device=device)
+
+    Xt, yt = tensor(X), tensor((y - y_mean) / y_std)
+    Xv, yv = tensor(X_val), tensor((y_val - y_mean) / y_std)
+    log_std = math.log(y_std)
+
+    state = {"epoch": 0, "best_val_nll": math.inf, "best_epoch": 0, "wait": 0, "history": []}
+    best_state = copy.deepcopy(model.state_dict())
+    if resume is not None:
+        ckpt = torch.load(Path(resume), map_location=device, weights_only=False)
+        if ckpt["kind"] != kind or ckpt["model_config"] != mcfg.to_dict() or ckpt["input_dim"] != d:
+            raise InputDataError(f"checkpoint {resume} was written for a different model or config")
+        model.load_state_dict(ckpt["model_state"])
+        optimizer.load_state_dict(ckpt["optimizer_state"])
+        generator.set_state(ckpt["generator_state"])
+        best_state = ckpt["best_state"]
+        state = ckpt["state"]
+
+    n = len(Xt)
+    bar = tqdm(
+        range(state["epoch"], tcfg.epochs),
+        initial=state["epoch"],
+        total=tcfg.epochs,
+        desc=kind,
+        disable=not tcfg.progress,
+        leave=False,
+    )
+    for epoch in bar:
+        loss = _train_epoch(model, objective, optimizer, Xt, yt, tcfg, spec.full_batch, generator)
+        objective.refresh(model, Xt, yt)
+        val_nll = _mean_nll(model, Xv, yv, tcfg.eval_batch_size) + log_std
+        state["epoch"] = epoch + 1
+        state["history"].append({"epoch": epoch + 1, "loss": loss, "val_nll": val_nll})
+        if val_nll < state["best_val_nll"]:
+            state.update(best_val_nll=val_nll, best_epoch=epoch + 1, wait=0)
+            best_state = copy.deepcopy(model.state_dict())
+        else:
+            state["wait"] += 1
+        bar.set_postfix(loss=f"{loss:.4f}", val_nll=f"{val_nll:.4f}", best=f"{state['best_val_nll']:.4f}")
+        if tcfg.checkpoint_path is not None:
+            _save_atomic(
+                {
+                    "kind": kind,
+                    "model_config": mcfg.to_dict(),
+                    "input_dim": d,
+                    "model_state": model.state_dict(),
+                    "optimizer_state": optimizer.state_dict(),
+                    "generator_state": generator.get_state(),
+                    "best_state": best_state,
+                    "state": state,
+                },
+                Path(tcfg.checkpoint_path),
+            )
+        if tcfg.patience is not None and state["wait"] >= tcfg.patience:
+            break
+    bar.close()
+
+    model.load_state_dict(best_state)
+    model.eval()
+    return Regressor(
+        kind=kind,
+        model=model,
+        model_config=mcfg,
+        input_dim=d,
+        y_mean=y_mean,
+        y_std=y_std,
+        history=list(state["history"]),
+        best_epoch=state["best_epoch"],
+        train_config=tcfg.to_dict(),
+    )
+
+
+def _train_epoch(
+    model: nn.Module,
+    objective: Objective,
+    optimizer: torch.optim.Optimizer,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    cfg: TrainConfig,
+    full_batch: bool,
+    generator: torch.Generator,
+) -> float:
+    """One pass (mini-batch kinds) or one step (full-batch kinds); returns the mean loss."""
+    model.train()
+    n = len(X)
+    if full_batch:
+        batches = [torch.randperm(n, generator=generator)[: cfg.full_batch_max]] if n > cfg.full_batch_max else [None]
+    else:
+        batches = torch.randperm(n, generator=generator).split(cfg.batch_size)
+    total, count = 0.0, 0
+    for idx in batches:
+        xb, yb = (X, y) if idx is None else (X[idx.to(X.device)], y[idx.to(X.device)])
+        loss = objective(model, xb, yb, n)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"{objective.name} loss became {float(loss)}; try dtype='float64' or a lower lr"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach()) * len(yb)
+        count += len(yb)
+    return total / count

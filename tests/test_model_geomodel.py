@@ -1,0 +1,65 @@
+"""GeoModel on the shipped Puerto Rico sample (a small slice of it)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from geodbk.dataset import load_sample_dataset
+from geodbk.errors import InputDataError
+from geodbk.geomodel import GeoModel, fit_dataset
+from geodbk.models import ModelConfig
+from geodbk.train import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def small_dataset():
+    ds = load_sample_dataset("PR", quarters=["2023Q4"])
+    rank_in_split = ds.frame.groupby("split").cumcount()
+    keep = np.where(ds.frame["split"] == "train", rank_in_split < 800, rank_in_split < 150)
+    frame = ds.frame[keep]
+    return dataclasses.replace(ds, frame=frame)
+
+
+@pytest.fixture(scope="module")
+def geomodel(small_dataset):
+    return fit_dataset(small_dataset, "dbk-rbf", model_config=ModelConfig(hidden=16, rank=16),
+                       train_config=TrainConfig(epochs=2, batch_size=256, progress=False))
+
+
+def test_fit_dataset_uses_the_train_split_and_records_meta(small_dataset, geomodel):
+    assert geomodel.kind == "dbk-rbf"
+    assert geomodel.meta["target"] == "download" and geomodel.meta["units"] == "Mbps"
+    assert geomodel.meta["quarters"] == ["2023Q4"]
+    assert geomodel.meta["n_train"] == 800
+    _, y, _ = small_dataset.arrays("train")
+    assert geomodel.regressor.y_mean == pytest.approx(y.mean())
+
+
+def test_predict_and_kernel_slice_take_degrees(small_dataset, geomodel):
+    test = small_dataset.subset("test")
+    lonlat = test[["lon", "lat"]].to_numpy()
+    X, _, _ = small_dataset.arrays("test")
+    via_lonlat = geomodel.predict(lonlat)
+    direct = geomodel.regressor.predict(X)
+    np.testing.assert_allclose(via_lonlat.mean, direct.mean, rtol=1e-6)
+    np.testing.assert_allclose(via_lonlat.sd, direct.sd, rtol=1e-6)
+    k = geomodel.kernel_slice(lonlat[:10], lonlat[:3])
+    assert k.shape == (10, 3)
+    np.testing.assert_allclose(k[:3, :3], k[:3, :3].T, rtol=1e-4, atol=1e-8)
+    np.testing.assert_allclose(k, geomodel.regressor.kernel(X[:10], X[:3]), rtol=1e-6)
+    with pytest.raises(InputDataError):
+        geomodel.predict(np.zeros((4, 3)))
+
+
+def test_save_load_round_trip(tmp_path, small_dataset, geomodel):
+    path = tmp_path / "models" / "dbk-rbf.pt"
+    geomodel.save(path)
+    loaded = GeoModel.load(path, device="cpu")
+    assert loaded.meta == geomodel.meta and loaded.transform == geomodel.transform
+    lonlat = small_dataset.subset("val")[["lon", "lat"]].to_numpy()
+    np.testing.assert_array_equal(loaded.predict(lonlat).mean, geomodel.predict(lonlat).mean)
+    np.testing.assert_array_equal(loaded.predict(lonlat).sd, geomodel.predict(lonlat).sd)
+    geomodel.regressor.save(tmp_path / "plain.pt")
+    with pytest.raises(InputDataError, match="GeoModel"):
+        GeoModel.load(tmp_path / "plain.pt")
