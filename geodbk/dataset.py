@@ -315,7 +315,9 @@ def build_dataset(
         cache_dir: download cache for URLs.
 
     Rows whose target is zero, negative or missing are dropped and counted in
-    ``dropped`` (as are rows outside the region and the truncated quarter).
+    ``dropped`` (as are rows outside the region and the truncated quarter). Tile centres
+    (lon, lat) come from the quadkeys, so a row without a quadkey, year or quarter is an
+    error, not a drop.
 
     Raises:
         InputDataError: unknown target, missing columns or key values, no rows for a quarter.
