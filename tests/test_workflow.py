@@ -1,0 +1,120 @@
+"""The demo job end to end on one quarter of the shipped Puerto Rico sample, with tiny real fits."""
+
+from __future__ import annotations
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pytest
+import rasterio
+
+from geodbk.dataset import SpatialDataset
+from geodbk.errors import InputDataError
+from geodbk.export import GEOTIFF_NODATA
+from geodbk.geomodel import GeoModel
+from geodbk.grids import RegularGrid, open_grid, predict_grid
+from geodbk.workflow import DemoConfig, RunFolder, run_demo
+
+KINDS = ("dbk-rbf", "sv-rbf")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    lines: list[str] = []
+    config = DemoConfig(quarters=["2023Q4"], models=KINDS, epochs=2, resolution=0.02, progress=False, device="cpu")
+    result = run_demo(tmp_path_factory.mktemp("run"), config, echo=lines.append)
+    return result, lines
+
+
+def test_run_folder_has_every_documented_file(demo) -> None:
+    result, lines = demo
+    run = result.run
+    expected = [run.dataset, run.metrics_csv, run.metrics_json]
+    for kind in KINDS:
+        expected += [run.model(kind), run.map_netcdf(kind), run.map_geotiff(kind), run.test_tiles(kind)]
+    for path in expected:
+        assert path.is_file() and path.stat().st_size > 0, path
+    assert sorted(result.files) == sorted(expected)
+    # the documented layout
+    assert run.model("dbk-rbf") == run.root / "models" / "dbk-rbf.pt"
+    assert run.map_netcdf("sv-rbf") == run.root / "maps" / "sv-rbf.nc"
+    assert run.test_tiles("sv-rbf") == run.root / "maps" / "sv-rbf_test_tiles.geojson"
+    text = "\n".join(lines)
+    assert "SpatialDataset" in text and "coverage95" in text and "wildland" in text
+
+
+def test_metrics_table_by_model_and_group(demo) -> None:
+    result, _ = demo
+    table = pd.read_csv(result.run.metrics_csv)
+    assert list(table.columns) == ["model", "group", "n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
+    assert set(zip(table["model"], table["group"])) == {(k, g) for k in KINDS for g in ("overall", "urban", "rural")}
+    n_test = int((result.dataset.frame["split"] == "test").sum())
+    for kind in KINDS:
+        rows = table[table["model"] == kind].set_index("group")
+        assert rows.loc["overall", "n"] == n_test == rows.loc["urban", "n"] + rows.loc["rural", "n"]
+        assert 0.0 <= rows.loc["overall", "coverage95"] <= 1.0 and rows.loc["overall", "MAE"] > 0
+    json_table = pd.read_json(result.run.metrics_json)
+    pd.testing.assert_frame_equal(json_table[table.columns], table, check_dtype=False)
+
+
+def test_saved_dataset_and_models_reload(demo) -> None:
+    result, _ = demo
+    dataset = SpatialDataset.load(result.run.dataset)
+    assert len(dataset) == len(result.dataset) and dataset.quarters == ["2023Q4"]
+    model = GeoModel.load(result.run.model("dbk-rbf"))
+    ll = dataset.frame[["lon", "lat"]].to_numpy()[:50]
+    np.testing.assert_allclose(model.predict(ll).mean, result.models["dbk-rbf"].predict(ll).mean, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_map_cells_equal_the_fitted_model_at_cell_centres(demo, kind: str) -> None:
+    result, _ = demo
+    model = GeoModel.load(result.run.model(kind))
+    ds = open_grid(result.run.map_netcdf(kind)).load()
+    assert ds.rio.crs.to_epsg() == 4326 and ds.attrs["model_kind"] == kind
+    assert list(ds["ref"].values) == list(result.refs)
+    mean = ds["mean"].values
+    inside = np.argwhere(np.isfinite(mean))
+    assert 0 < len(inside) < mean.size  # the sea around Puerto Rico is masked
+    picks = inside[np.linspace(0, len(inside) - 1, 25).astype(int)]
+    lonlat = np.column_stack([ds["x"].values[picks[:, 1]], ds["y"].values[picks[:, 0]]])
+    pred = model.predict(lonlat)
+    np.testing.assert_allclose(mean[picks[:, 0], picks[:, 1]], pred.mean, rtol=1e-5)
+    np.testing.assert_allclose(ds["sd"].values[picks[:, 0], picks[:, 1]], pred.sd, rtol=1e-5)
+    np.testing.assert_allclose(ds["upper_mbps"].values[picks[:, 0], picks[:, 1]], 10 ** pred.upper, rtol=1e-4)
+    ref_ll = np.column_stack([ds["ref_lon"].values, ds["ref_lat"].values])
+    k = ds["kernel_slice"].values[:, picks[:, 0], picks[:, 1]].T
+    np.testing.assert_allclose(k, model.kernel_slice(lonlat, ref_ll), rtol=1e-4, atol=1e-7)
+    # the GeoTIFF holds the same numbers, nodata where the grid is NaN
+    with rasterio.open(result.run.map_geotiff(kind)) as src:
+        band = src.read(src.descriptions.index("mean") + 1)
+        assert src.nodata == GEOTIFF_NODATA
+        np.testing.assert_array_equal(band == GEOTIFF_NODATA, np.isnan(mean))
+        np.testing.assert_array_equal(band[np.isfinite(mean)], mean[np.isfinite(mean)])
+
+
+def test_test_tiles_hold_the_model_predictions(demo) -> None:
+    result, _ = demo
+    tiles = gpd.read_file(result.run.test_tiles("sv-rbf"))
+    test = result.dataset.frame[result.dataset.frame["split"] == "test"]
+    assert len(tiles) == len(test)
+    pred = result.models["sv-rbf"].predict(test[["lon", "lat"]].to_numpy())
+    np.testing.assert_allclose(tiles["mean"], pred.mean, rtol=1e-9)
+    np.testing.assert_allclose(tiles["upper_mbps"], 10**pred.upper, rtol=1e-9)
+
+
+def test_chunked_real_model_grid_matches_one_block(demo) -> None:
+    result, _ = demo
+    model = result.models["dbk-rbf"]
+    grid = RegularGrid.over(result.dataset.region, 0.03)
+    refs = {"ref": result.refs["urban"]}
+    whole = predict_grid(model, grid, refs=refs, chunk_rows=grid.height, progress=False)
+    chunked = predict_grid(model, grid, refs=refs, chunk_rows=3, progress=False)
+    for name in whole.data_vars:
+        np.testing.assert_allclose(chunked[name].values, whole[name].values, rtol=1e-5, atol=1e-7)
+
+
+def test_demo_rejects_empty_model_list(tmp_path) -> None:
+    with pytest.raises(InputDataError):
+        run_demo(tmp_path, DemoConfig(models=()))
+    assert RunFolder(tmp_path).dataset.name == "dataset.parquet"
