@@ -71,8 +71,8 @@ class Prediction:
 
 
 def as_inputs(X: Any, input_dim: int | None = None, name: str = "X") -> np.ndarray:
-    """Check and convert inputs to a finite float64 (n, d) array."""
-    arr = np.asarray(X, dtype=np.float64)
+    """Check and convert inputs to a finite, writable float64 (n, d) array (a copy)."""
+    arr = np.array(X, dtype=np.float64)
     if arr.ndim == 1 and input_dim == 1:
         arr = arr[:, None]
     if arr.ndim != 2:

@@ -3,6 +3,7 @@
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from geodbk.dataset import load_sample_dataset
@@ -63,3 +64,25 @@ def test_save_load_round_trip(tmp_path, small_dataset, geomodel):
     geomodel.regressor.save(tmp_path / "plain.pt")
     with pytest.raises(InputDataError, match="GeoModel"):
         GeoModel.load(tmp_path / "plain.pt")
+
+
+def test_cli_fit_writes_models_and_merged_metrics(tmp_path, small_dataset, capsys):
+    from geodbk.cli import main
+
+    data = small_dataset.save(tmp_path / "in.parquet")
+    run = tmp_path / "run"
+    common = ["--dataset", str(data), "--out", str(run), "--epochs", "1", "--hidden", "8", "--rank", "8",
+              "--device", "cpu", "--no-progress"]
+    assert main(["fit", *common, "--models", "dbk-rbf,sv-rbf"]) == 0
+    printed = capsys.readouterr().out
+    assert "urban" in printed and "sv-rbf" in printed
+    for kind in ("dbk-rbf", "sv-rbf"):
+        assert GeoModel.load(run / "models" / f"{kind}.pt").kind == kind
+    assert (run / "dataset.parquet").exists() and (run / "metrics.json").exists()
+    assert main(["fit", *common, "--models", "dnn"]) == 0
+    table = pd.read_csv(run / "metrics.csv")
+    assert sorted(set(table["model"])) == ["dbk-rbf", "dnn", "sv-rbf"]
+    assert set(table["group"]) == {"overall", "urban", "rural"}
+    assert table.loc[table["group"] == "overall", "n"].eq(150).all()
+    assert main(["fit", *common, "--models", "no-such"]) == 2
+    assert "unknown" in capsys.readouterr().err
