@@ -267,13 +267,13 @@ def _run_export(args: argparse.Namespace) -> int:
     from geodbk.errors import InputDataError
 
     grid_outputs = [args.geotiff, args.netcdf, args.zarr]
+    if any(grid_outputs) and not args.grid:
+        raise InputDataError("--geotiff/--netcdf/--zarr need --grid")
     if not args.grid and not args.test_tiles:
         raise InputDataError("nothing to do: give --grid with --geotiff/--netcdf/--zarr, "
                              "or --model, --dataset and --test-tiles")
     if args.grid and not any(grid_outputs):
         raise InputDataError("--grid needs an output: --geotiff, --netcdf or --zarr")
-    if any(grid_outputs) and not args.grid:
-        raise InputDataError("--geotiff/--netcdf/--zarr need --grid")
     if args.test_tiles and not (args.model and args.dataset):
         raise InputDataError("--test-tiles needs --model and --dataset")
     if args.grid:
