@@ -377,23 +377,22 @@ def _coordinate_attrs(crs: pyproj.CRS) -> tuple[dict[str, str], dict[str, str]]:
     )
 
 
+def _layer_names(units_key: str) -> list[str]:
+    """Names of the (y, x) layers for data units ``units_key`` ("mbps" or "ms")."""
+    return ["mean", "sd", "pi_width", f"mean_{units_key}", f"lower_{units_key}", f"upper_{units_key}"]
+
+
 def _block_values(
-    model: SpatialPredictor, lonlat: np.ndarray, ref_lonlat: np.ndarray | None
+    model: SpatialPredictor, lonlat: np.ndarray, ref_lonlat: np.ndarray | None, units_key: str
 ) -> dict[str, np.ndarray]:
-    """Model outputs at ``(m, 2)`` lon/lat: 1-D float64 arrays (kernel_slice is (m, k))."""
+    """Model outputs at ``(m, 2)`` lon/lat: (m,) float64 per layer, kernel_slice (m, k)."""
     pred = model.predict(lonlat)
     mean = np.asarray(pred.mean, dtype=np.float64).reshape(-1)
     sd = np.asarray(pred.sd, dtype=np.float64).reshape(-1)
     if mean.shape != (len(lonlat),) or sd.shape != (len(lonlat),):
         raise InputDataError(f"model.predict returned mean {mean.shape} / sd {sd.shape} for {len(lonlat)} points")
-    out = {
-        "mean": mean,
-        "sd": sd,
-        "pi_width": 2.0 * Z95 * sd,
-        "mean_": 10.0**mean,
-        "lower_": 10.0 ** (mean - Z95 * sd),
-        "upper_": 10.0 ** (mean + Z95 * sd),
-    }
+    layers = (mean, sd, 2.0 * Z95 * sd, 10.0**mean, 10.0 ** (mean - Z95 * sd), 10.0 ** (mean + Z95 * sd))
+    out = dict(zip(_layer_names(units_key), layers))
     if ref_lonlat is not None:
         k = np.asarray(model.kernel_slice(lonlat, ref_lonlat), dtype=np.float64)
         if k.shape != (len(lonlat), len(ref_lonlat)):
@@ -476,6 +475,9 @@ class _MemorySink:
             else:
                 self.ds[name].values[:, rows] = values
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     def finish(self) -> xr.Dataset:
         return self.ds
 
@@ -494,6 +496,9 @@ class _ZarrSink:
             dims = ("y", "x") if values.ndim == 2 else ("ref", "y", "x")
             data_vars[name] = (dims, values)
         xr.Dataset(data_vars).to_zarr(self.path, region={"y": rows}, mode="r+", consolidated=False)
+
+    def close(self) -> None:
+        """Nothing to release: every block is written when it arrives."""
 
     def finish(self) -> xr.Dataset:
         return open_grid(self.path)
@@ -519,8 +524,12 @@ class _NetCDFSink:
             else:
                 self.nc[name][:, rows, :] = values
 
+    def close(self) -> None:
+        if self.nc.isopen():
+            self.nc.close()
+
     def finish(self) -> xr.Dataset:
-        self.nc.close()
+        self.close()
         return open_grid(self.path)
 
 
@@ -585,24 +594,34 @@ def predict_grid(
     units_key = str(_model_meta(model).get("units", "Mbps")).lower()
     locator = _BlockLocator(grid)
     blocks = list(grid.blocks(rows_per_block))
-    for rows in tqdm(blocks, desc="predicting grid", unit="block", disable=not progress):
-        lonlat, inside = locator.cells(rows)
-        n_rows = inside.shape[0]
-        block: dict[str, np.ndarray] = {}
-        values = _block_values(model, lonlat, ref_lonlat) if len(lonlat) else {}
-        names = ["mean", "sd", "pi_width", "mean_", "lower_", "upper_"]
-        for name in names:
-            out = np.full((n_rows, grid.width), np.nan, dtype=np.float32)
-            if values:
-                out[inside] = values[name]
-            block[name + units_key if name.endswith("_") else name] = out
-        if ref_lonlat is not None:
-            out = np.full((len(ref_lonlat), n_rows, grid.width), np.nan, dtype=np.float32)
-            if values:
-                out[:, inside] = values["kernel_slice"].T
-            block["kernel_slice"] = out
-        sink.write(rows, block)
+    try:
+        for rows in tqdm(blocks, desc="predicting grid", unit="block", disable=not progress):
+            sink.write(rows, _predict_block(model, locator, rows, ref_lonlat, units_key))
+    except BaseException:
+        sink.close()
+        raise
     return sink.finish()
+
+
+def _predict_block(
+    model: SpatialPredictor, locator: _BlockLocator, rows: slice, ref_lonlat: np.ndarray | None, units_key: str
+) -> dict[str, np.ndarray]:
+    """float32 layers of one row block: (rows, width), kernel_slice (k, rows, width); NaN outside."""
+    lonlat, inside = locator.cells(rows)
+    shape = inside.shape
+    values = _block_values(model, lonlat, ref_lonlat, units_key) if len(lonlat) else {}
+    block: dict[str, np.ndarray] = {}
+    for name in _layer_names(units_key):
+        out = np.full(shape, np.nan, dtype=np.float32)
+        if values:
+            out[inside] = values[name]
+        block[name] = out
+    if ref_lonlat is not None:
+        out = np.full((len(ref_lonlat), *shape), np.nan, dtype=np.float32)
+        if values:
+            out[:, inside] = values["kernel_slice"].T
+        block["kernel_slice"] = out
+    return block
 
 
 def predict_region(
