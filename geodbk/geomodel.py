@@ -76,7 +76,7 @@ class GeoModel:
         path = Path(path)
         if not path.exists():
             raise InputDataError(f"no model file at {path}")
-        payload = torch.load(path, map_location=resolve_device(device), weights_only=False)
+        payload = torch.load(path, map_location=resolve_device(device), weights_only=True)
         if not isinstance(payload, dict) or payload.get("format") != "geodbk.geomodel/1":
             raise InputDataError(f"{path} is not a geodbk GeoModel file")
         return cls(

@@ -197,7 +197,7 @@ class Regressor:
         path = Path(path)
         if not path.exists():
             raise InputDataError(f"no model file at {path}")
-        payload = torch.load(path, map_location=resolve_device(device), weights_only=False)
+        payload = torch.load(path, map_location=resolve_device(device), weights_only=True)
         return cls.from_payload(payload, device)
 
 

@@ -82,7 +82,8 @@ def _targets(y: Any, n: int, name: str) -> np.ndarray:
     return arr
 
 
-def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with ``cfg.weight_decay`` on the backbone parameters and none elsewhere."""
     decayed = {id(p) for p in model.backbone_parameters()}
     groups = [
         {"params": [p for p in model.parameters() if id(p) in decayed], "weight_decay": cfg.weight_decay},
@@ -166,7 +167,7 @@ def fit_arrays(
         ]
         spec.prepare(model, *std_tensors, mcfg, tcfg)
     objective = spec.objective(tcfg)
-    optimizer = _optimizer(model, tcfg)
+    optimizer = make_optimizer(model, tcfg)
     generator = torch.Generator().manual_seed(tcfg.seed)
 
     def tensor(a: np.ndarray) -> torch.Tensor:
@@ -179,7 +180,7 @@ def fit_arrays(
     state = {"epoch": 0, "best_val_nll": math.inf, "best_epoch": 0, "wait": 0, "history": []}
     best_state = copy.deepcopy(model.state_dict())
     if resume is not None:
-        ckpt = torch.load(Path(resume), map_location=device, weights_only=False)
+        ckpt = torch.load(Path(resume), map_location=device, weights_only=True)
         if ckpt["kind"] != kind or ckpt["model_config"] != mcfg.to_dict() or ckpt["input_dim"] != d:
             raise InputDataError(f"checkpoint {resume} was written for a different model or config")
         model.load_state_dict(ckpt["model_state"])
@@ -198,7 +199,7 @@ def fit_arrays(
         leave=False,
     )
     for epoch in bar:
-        loss = _train_epoch(model, objective, optimizer, Xt, yt, tcfg, spec.full_batch, generator)
+        loss = train_epoch(model, objective, optimizer, Xt, yt, tcfg, spec.full_batch, generator)
         objective.refresh(model, Xt, yt)
         val_nll = _mean_nll(model, Xv, yv, tcfg.eval_batch_size) + log_std
         state["epoch"] = epoch + 1
@@ -242,7 +243,7 @@ def fit_arrays(
     )
 
 
-def _train_epoch(
+def train_epoch(
     model: nn.Module,
     objective: Objective,
     optimizer: torch.optim.Optimizer,
@@ -252,7 +253,10 @@ def _train_epoch(
     full_batch: bool,
     generator: torch.Generator,
 ) -> float:
-    """One pass (mini-batch kinds) or one step (full-batch kinds); returns the mean loss."""
+    """One pass in shuffled mini-batches, or one full-batch step; returns the mean loss.
+
+    Full-batch steps use all rows, or a random ``cfg.full_batch_max`` of them when more.
+    """
     model.train()
     n = len(X)
     if full_batch:
