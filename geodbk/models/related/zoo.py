@@ -15,7 +15,10 @@ Kind-specific ``ModelConfig.options`` (defaults are the papers' settings):
 * svdbk: none (rank = ``cfg.rank``; the earlier DBK paper used r = 128).
 * dfgp: ``embed_dim`` (4), ``n_features`` (r = 40, even), ``feature_seed`` (0).
 * dmgp: ``embed_dim`` (1), ``per_dim`` (m = 15; rank m^embed_dim).
-* dcsvgp / dcppgp: ``num_inducing`` (``cfg.rank``), ``ard`` (False), ``beta2`` (1e-3).
+* dcsvgp / dcppgp: ``num_inducing`` (``cfg.rank``), ``ard`` (False), ``beta2`` (1e-3),
+  ``noise_init`` (0.69, GPyTorch's Gaussian-likelihood default that the paper's code starts
+  from; the DBK papers' 1e-2 in ``ModelConfig.noise_init`` makes this ELBO crawl for hundreds
+  of steps), ``lengthscale_init`` (sqrt(d)).
 * valla: ``num_inducing`` (100), ``dnn_epochs`` (the train config's epochs).
 """
 
@@ -70,8 +73,9 @@ def build_dcsvgp(input_dim: int, cfg: ModelConfig) -> DecoupledSVGP:
         input_dim,
         int(cfg.options.get("num_inducing", cfg.rank)),
         ard=bool(cfg.options.get("ard", False)),
+        lengthscale_init=cfg.options.get("lengthscale_init"),
         jitter=cfg.jitter,
-        noise_init=cfg.noise_init,
+        noise_init=float(cfg.options.get("noise_init", 0.69)),
         noise_floor=cfg.noise_floor,
     )
     model.omega_weight = float(cfg.options.get("beta2", 1e-3))
