@@ -73,8 +73,11 @@ def worker(model_path: str, size: int, mode: str, out_dir: str, refs: bool) -> d
     grid = RegularGrid(WGS84, Affine(res, 0.0, west, 0.0, -res, cy + side / 2.0), size, size, region.geometry, "PR")
     ref_points = {"sanjuan": (-66.06, 18.45), "ponce": (-66.61, 18.01), "mona": (-67.90, 18.09)} if refs else None
     store = None if mode == "memory" else str(Path(out_dir) / f"grid_{size}.zarr")
-    # warm up torch and the mask code on a few rows so the baseline includes them
-    model.predict(np.array([[-66.5, 18.2]]))
+    # warm up on a tiny grid with the same output kind, so that lazy imports (zarr, dask) and
+    # torch's first allocations are part of the baseline, not of the measured increment
+    small = RegularGrid.over(region, side / 50)
+    predict_grid(model, small, refs=ref_points, store=None if store is None else str(Path(out_dir) / f"warm_{size}.zarr"),
+                 progress=False)
     baseline = _rss_mb()
     _reset_peak()
     start = time.perf_counter()
@@ -130,7 +133,9 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--model", model, "--worker", str(size), mode, tmp]
                 if args.no_refs:
                     cmd.append("--no-refs")
-                done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    sys.exit(f"worker {size} {mode} failed:\n{done.stderr}")
                 row = json.loads(done.stdout.strip().splitlines()[-1])
                 rows.append(row)
                 print(

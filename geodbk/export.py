@@ -60,7 +60,7 @@ def geotiff_bands(ds: xr.Dataset, variables: Sequence[str] | None = None) -> xr.
         dim="band",
         coords="minimal",
         compat="override",
-    ).astype(np.float32)
+    ).astype(np.float32, copy=False)
     stack = stack.assign_coords(band=np.arange(1, len(labels) + 1))
     stack.attrs = {"long_name": tuple(labels), "band_tags": [{"name": n, "units": u} for n, u in zip(labels, units)]}
     return stack
@@ -101,8 +101,11 @@ def write_geotiff(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     bands = geotiff_bands(ds, variables)
-    bands = bands.where(np.isfinite(bands), nodata).rio.write_nodata(nodata)
-    bands = bands.rio.write_crs(ds.rio.crs).rio.write_transform(ds.rio.transform())
+    bands = bands.where(np.isfinite(bands), nodata)
+    # inplace: rioxarray's default is a deep copy of every band
+    bands.rio.write_nodata(nodata, inplace=True)
+    bands.rio.write_crs(ds.rio.crs, inplace=True)
+    bands.rio.write_transform(ds.rio.transform(), inplace=True)
     options = {"compress": compress}
     if cog:
         bands.rio.to_raster(

@@ -458,9 +458,10 @@ def _template(
     for key in ("kind", "quarters"):
         if key in meta:
             ds.attrs[f"model_{key}"] = str(meta[key])
-    ds = ds.rio.write_crs(grid.crs)
-    ds = ds.rio.write_transform(grid.transform)
-    return ds.rio.write_coordinate_system()
+    # inplace: rioxarray's default is a deep copy, which would double the preallocated arrays
+    ds.rio.write_crs(grid.crs, inplace=True)
+    ds.rio.write_transform(grid.transform, inplace=True)
+    return ds.rio.write_coordinate_system(inplace=True)
 
 
 # --- prediction -------------------------------------------------------------------------
