@@ -1,0 +1,350 @@
+"""The Panel dashboard in a real browser: Debian's headless Chromium driven by Playwright.
+
+A session fixture builds a tiny run folder through the public API (one quarter of the
+Puerto Rico sample, small models, a coarse grid), serves ``apps/dashboard.py`` with
+``panel serve`` on a free loopback port in a subprocess, and the tests load the page, check
+what renders, click the map, and download a file. The browser may only talk to 127.0.0.1:
+every other request is aborted and recorded, and a test fails if one was attempted.
+
+When Chromium is missing the tests skip, except under CI (env ``CI`` set), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "apps" / "dashboard.py"
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    # belt and braces: no name other than the loopback address resolves
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+]
+KINDS = ("dbk-rbf", "dbk-silu")
+QUARTER = "2023Q4"
+GRID_RESOLUTION = 0.02  # degrees: ~137 x 31 cells over Puerto Rico
+LOAD_TIMEOUT_MS = 90_000
+#: Panel renders each pane in a shadow root; Playwright's CSS selectors pierce it.
+REF_TEXT = ".geodbk-ref div"
+
+
+def chromium_executable() -> str:
+    """Debian's Chromium, or skip (locally) / fail (in CI) when it is missing."""
+    for candidate in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    message = "Chromium not found: install it with `apt-get install -y chromium` (scripts/setup.sh does as root)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+# --- the run folder -----------------------------------------------------------------------
+def build_tiny_run(run: Path) -> Path:
+    """A run folder as ``geodbk demo`` writes it, from the public API, in about 15 s on 2 cores."""
+    from geodbk.dataset import load_sample_dataset
+    from geodbk.export import write_geotiff, write_tile_predictions
+    from geodbk.geomodel import fit_dataset
+    from geodbk.grids import predict_region, reference_points
+    from geodbk.metrics import evaluate, metrics_table, save_metrics
+    from geodbk.models.config import ModelConfig
+    from geodbk.train import TrainConfig
+
+    (run / "maps").mkdir(parents=True, exist_ok=True)
+    dataset = load_sample_dataset("PR", target="download", quarters=[QUARTER])
+    dataset.save(run / "dataset.parquet")
+    refs = reference_points(dataset)
+    test = dataset.frame[dataset.frame["split"] == "test"]
+    results = {}
+    for kind in KINDS:
+        model = fit_dataset(
+            dataset,
+            kind,
+            model_config=ModelConfig(hidden=32, rank=32),
+            train_config=TrainConfig(epochs=4, progress=False, device="cpu"),
+        )
+        model.save(run / "models" / f"{kind}.pt")
+        results[kind] = evaluate(test["y"].to_numpy(), model.predict(test[["lon", "lat"]].to_numpy()), test["urban_rural"].to_numpy())
+        grid = predict_region(model, dataset.region, GRID_RESOLUTION, refs=refs, store=run / "maps" / f"{kind}.nc", progress=False)
+        write_geotiff(grid, run / "maps" / f"{kind}.tif")
+        write_tile_predictions(model, dataset, run / "maps" / f"{kind}_test_tiles.geojson")
+    save_metrics(metrics_table(results), run)
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_run(tmp_path_factory.mktemp("dashboard") / "run")
+
+
+# --- the server ---------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """``panel serve apps/dashboard.py`` on a loopback port, in a subprocess."""
+
+    def __init__(self, run: Path, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/dashboard"
+        env = {**os.environ, "GEODBK_OFFLINE": "1", "OMP_NUM_THREADS": "1", "BOKEH_RESOURCES": "server"}
+        cmd = [
+            sys.executable, "-m", "panel", "serve", str(APP),
+            "--port", str(self.port), "--address", "127.0.0.1",
+            "--allow-websocket-origin", f"127.0.0.1:{self.port}",
+            "--args", "--run", str(run),
+        ]  # fmt: skip
+        self.log = log
+        self._log_file = log.open("w")
+        self.process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"panel serve exited with {self.process.returncode}:\n{self.log.read_text()[-4000:]}")
+            try:
+                # the first page request runs the app once, which also warms its caches
+                with urllib.request.urlopen(self.url, timeout=max(1.0, deadline - time.monotonic())):
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        raise TimeoutError(f"panel serve did not answer in {timeout} s:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log_file.close()
+
+    def app_errors(self) -> list[str]:
+        """Python errors the server logged while running the app."""
+        return [line for line in self.log.read_text().splitlines() if "Traceback" in line or "Error running application" in line]
+
+
+@pytest.fixture(scope="module")
+def server(run_folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    srv = Server(run_folder, tmp_path_factory.mktemp("serve") / "panel.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+# --- the browser --------------------------------------------------------------------------
+class PageLog:
+    """JS errors, console errors and blocked (non-loopback) requests seen by a page."""
+
+    def __init__(self) -> None:
+        self.page_errors: list[str] = []
+        self.console_errors: list[str] = []
+        self.blocked: list[str] = []
+
+    def problems(self) -> list[str]:
+        return self.page_errors + self.console_errors + [f"external request: {u}" for u in self.blocked]
+
+
+@pytest.fixture(scope="module")
+def browser_context(tmp_path_factory: pytest.TempPathFactory):
+    executable = chromium_executable()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_api.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1180, "height": 1300},
+            accept_downloads=True,
+            service_workers="block",
+        )
+        context.set_default_timeout(LOAD_TIMEOUT_MS)
+        yield context
+        context.close()
+
+
+@pytest.fixture()
+def page_and_log(browser_context):
+    log = PageLog()
+
+    def only_loopback(route) -> None:
+        host = urlparse(route.request.url).hostname
+        if host in ("127.0.0.1", None) or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            log.blocked.append(route.request.url)
+            route.abort()
+
+    page = browser_context.new_page()
+    page.route("**/*", only_loopback)
+    page.on("pageerror", lambda err: log.page_errors.append(f"pageerror: {err}"))
+    page.on("console", lambda msg: log.console_errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    yield page, log
+    page.close()
+
+
+def open_dashboard(page, server: Server) -> None:
+    page.goto(server.url, wait_until="load")
+    try:
+        page.locator(".geodbk-map canvas").first.wait_for(state="visible")
+        page.locator(".geodbk-kernel canvas").first.wait_for(state="visible")
+        page.locator(REF_TEXT, has_text="Reference point").wait_for()
+    except Exception:
+        print(server.log.read_text()[-6000:])  # the app's traceback, shown by pytest on failure
+        raise
+
+
+def reference_lonlat(page) -> tuple[float, float]:
+    text = page.locator(REF_TEXT).inner_text()
+    match = re.search(r"lon (-?\d+\.\d+), lat (-?\d+\.\d+)", text)
+    assert match, f"no reference point in {text!r}"
+    return float(match.group(1)), float(match.group(2))
+
+
+def click_map(page, fx: float, fy: float) -> tuple[float, float]:
+    """Click the map at fractions (fx, fy) of its canvas; wait for and return the new reference point.
+
+    The canvas also holds the colour bar and the toolbar (its right ~40%), so fx < 0.55.
+    """
+    before = page.locator(REF_TEXT).inner_text()
+    box = page.locator(".geodbk-map canvas").first.bounding_box()
+    assert box and box["width"] > 100 and box["height"] > 100, box
+    page.mouse.click(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
+    deadline = time.monotonic() + 60
+    while page.locator(REF_TEXT).inner_text() == before:
+        assert time.monotonic() < deadline, "the kernel slice did not follow the click"
+        page.wait_for_timeout(200)
+    return reference_lonlat(page)
+
+
+def distinct_colours(page, selector: str) -> int:
+    """Distinct RGB colours in the central half of the first canvas matching ``selector``."""
+    return page.locator(selector).first.evaluate(
+        """(canvas) => {
+            const ctx = canvas.getContext("2d");
+            const w = canvas.width, h = canvas.height;
+            const data = ctx.getImageData(w / 4, h / 4, w / 2, h / 2).data;
+            const seen = new Set();
+            for (let i = 0; i < data.length; i += 4) seen.add((data[i] << 16) | (data[i + 1] << 8) | data[i + 2]);
+            return seen.size;
+        }"""
+    )
+
+
+# --- tests --------------------------------------------------------------------------------
+def test_dashboard_renders_map_widgets_and_tables(server, page_and_log, run_folder):
+    page, log = page_and_log
+    open_dashboard(page, server)
+    # widgets
+    for label in ("Target", "Model run", "Observed tiles: quarter", "Colour limits"):
+        assert page.get_by_text(label, exact=False).first.is_visible(), label
+    for kind in KINDS:
+        assert page.locator("select option", has_text=kind).count() >= 1, kind
+    assert page.locator("select option", has_text=QUARTER).count() == 1
+    for layer in ("Predictive median", "Predictive sd (log10)", "95% PI width (log10)"):
+        assert page.get_by_role("button", name=layer).is_visible(), layer
+    for button in ("GeoTIFF of the map", "Test tiles GeoJSON", "Shown tiles GeoJSON"):
+        assert page.get_by_text(button).first.is_visible(), button
+    # plots: map, kernel slice, predictive density, PI-width violin
+    for css in ("geodbk-map", "geodbk-kernel", "geodbk-density", "geodbk-violin"):
+        canvas = page.locator(f".{css} canvas").first
+        canvas.wait_for(state="visible")
+        box = canvas.bounding_box()
+        assert box and box["width"] > 200 and box["height"] > 150, (css, box)
+    # the map really drew the raster: many distinct colours in the middle of its canvas
+    assert distinct_colours(page, ".geodbk-map canvas") > 30
+    # metrics table of the selected model: urban and rural rows, values from metrics.csv
+    table = page.locator(".geodbk-metrics table").first.inner_text()
+    assert "urban" in table and "rural" in table and "coverage95" in table
+    metrics = json.loads((run_folder / "metrics.json").read_text())
+    nll_urban = next(r["NLL"] for r in metrics if r["model"] == KINDS[0] and r["group"] == "urban")
+    assert f"{nll_urban:.3f}" in table
+    # the default reference point (the grid's urban reference) is inside Puerto Rico
+    lon, lat = reference_lonlat(page)
+    assert -67.5 < lon < -65.2 and 17.8 < lat < 18.6
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []
+
+
+def test_click_on_map_updates_kernel_slice(server, page_and_log):
+    page, log = page_and_log
+    open_dashboard(page, server)
+    start = reference_lonlat(page)
+    west = click_map(page, 0.15, 0.50)
+    east = click_map(page, 0.45, 0.50)
+    assert west != start and east != start
+    # map coordinates follow the click: right of the first click is east, same row same latitude
+    assert east[0] > west[0] + 0.3
+    assert abs(east[1] - west[1]) < 1e-6
+    assert -68.5 < west[0] < -64.5 and 17.0 < west[1] < 19.0
+    text = page.locator(REF_TEXT).inner_text()
+    assert re.search(r"Predicted median \d+\.\d Mbps, 95% PI \[\d+\.\d, \d+\.\d\] Mbps", text), text
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []
+
+
+def test_geotiff_download_is_the_selected_models_map(server, page_and_log, run_folder, tmp_path):
+    rasterio = pytest.importorskip("rasterio")
+    page, log = page_and_log
+    open_dashboard(page, server)
+    page.locator("select").filter(has=page.locator("option", has_text=KINDS[1])).select_option(label=next(
+        t for t in page.locator("select option").all_inner_texts() if t.startswith(KINDS[1])
+    ))
+    page.wait_for_timeout(1500)
+    with page.expect_download() as info:
+        page.get_by_text("GeoTIFF of the map").first.click()
+    saved = tmp_path / "map.tif"
+    info.value.save_as(saved)
+    assert info.value.suggested_filename.endswith(f"{KINDS[1]}.tif")
+    assert saved.read_bytes() == (run_folder / "maps" / f"{KINDS[1]}.tif").read_bytes()
+    with rasterio.open(saved) as tif:
+        assert tif.count >= 6 and tif.crs.to_epsg() == 4326
+    assert log.problems() == [], log.problems()
+
+
+def test_page_explains_what_to_run_without_a_run_folder(page_and_log, tmp_path):
+    page, log = page_and_log
+    srv = Server(tmp_path / "missing-run", tmp_path / "panel.log")
+    try:
+        srv.wait_ready()
+        page.goto(srv.url, wait_until="load")
+        notice = page.locator(".geodbk-no-run div").first
+        notice.wait_for()
+        assert "geodbk demo --out outputs/demo" in notice.inner_text()
+    finally:
+        srv.stop()
+    assert log.problems() == [], log.problems()
