@@ -39,6 +39,7 @@ from geodbk.dataset import SpatialDataset
 from geodbk.export import tile_predictions
 from geodbk.geomodel import GeoModel
 from geodbk.grids import Z95, open_grid
+from geodbk.workflow import RunFolder
 
 hv.extension("bokeh")
 pn.extension(notifications=False)
@@ -121,24 +122,28 @@ class Fit:
         return f"{self.kind} ({self.run.name}, {self.target})"
 
     @property
+    def files(self) -> RunFolder:
+        return RunFolder(self.run)
+
+    @property
     def model_path(self) -> Path:
-        return self.run / "models" / f"{self.kind}.pt"
+        return self.files.model(self.kind)
 
     @property
     def grid_path(self) -> Path:
-        return self.run / "maps" / f"{self.kind}.nc"
+        return self.files.map_netcdf(self.kind)
 
     @property
     def geotiff_path(self) -> Path:
-        return self.run / "maps" / f"{self.kind}.tif"
+        return self.files.map_geotiff(self.kind)
 
     @property
     def test_tiles_path(self) -> Path:
-        return self.run / "maps" / f"{self.kind}_test_tiles.geojson"
+        return self.files.test_tiles(self.kind)
 
     @property
     def dataset_path(self) -> Path:
-        return self.run / "dataset.parquet"
+        return self.files.dataset
 
     def model(self) -> GeoModel:
         return _load_model(str(self.model_path), _stamp(self.model_path))
@@ -483,7 +488,7 @@ class Dashboard:
     def metrics_view(self, fit: Fit | None) -> pn.viewable.Viewable:
         if fit is None:
             return pn.pane.Markdown("")
-        path = fit.run / "metrics.csv"
+        path = fit.files.metrics_csv
         if not path.exists():
             return pn.pane.Markdown(f"No `metrics.csv` in `{fit.run}`.")
         table = pd.read_csv(path)

@@ -303,12 +303,56 @@ def _run_export(args: argparse.Namespace) -> int:
 
 # --- serve ------------------------------------------------------------------------------
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="open the interactive Panel dashboard")
+    p = sub.add_parser(
+        "serve",
+        help="open the interactive Panel dashboard",
+        description="Serve apps/dashboard.py with `panel serve` over one or more run folders "
+        "(written by `geodbk demo`). Click the map to see the kernel slice and the predictive "
+        "distribution at that point.",
+        epilog="example: geodbk serve --run outputs/demo --port 5006 --show",
+    )
+    p.add_argument("--run", action="append", metavar="DIR",
+                   help="run folder (repeat to compare runs, e.g. download and upload); default outputs/demo")
+    p.add_argument("--port", type=int, default=5006, help="port to listen on (default 5006)")
+    p.add_argument("--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--show", action="store_true", help="open the page in a web browser")
+    p.add_argument("--offline", action="store_true",
+                   help="no basemap tiles (the page then makes no request outside this server)")
     p.set_defaults(handler=_run_serve)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    raise NotImplementedError("serve")
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from geodbk.errors import InputDataError
+
+    app = Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"
+    if not app.exists():
+        raise InputDataError(f"the dashboard app is not at {app}; serve from a source checkout (pip install -e .)")
+    if not 0 < args.port < 65536:
+        raise InputDataError(f"--port must be in 1..65535, got {args.port}")
+    runs = [str(Path(run).resolve()) for run in (args.run or ["outputs/demo"])]
+    origins = {f"{host}:{args.port}" for host in (args.address, "127.0.0.1", "localhost")}
+    cmd = [sys.executable, "-m", "panel", "serve", str(app), "--port", str(args.port), "--address", args.address]
+    for origin in sorted(origins):
+        cmd += ["--allow-websocket-origin", origin]
+    if args.show:
+        cmd.append("--show")
+    cmd += ["--args"] + [item for run in runs for item in ("--run", run)]
+    env = {**os.environ, **({"GEODBK_OFFLINE": "1"} if args.offline else {})}
+    missing = [run for run in runs if not (Path(run) / "dataset.parquet").exists()]
+    if missing:
+        print(f"geodbk serve: no run folder at {', '.join(missing)}; build one with "
+              "`geodbk demo --out outputs/demo` (the page says so too)", file=sys.stderr)
+    print(f"geodbk serve: http://{args.address}:{args.port}/dashboard (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    if os.name == "posix":  # become the server, so that signals (Ctrl-C, kill) reach it directly
+        os.execve(sys.executable, cmd, env)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 0
 
 
 # --- demo (the README's main job) -------------------------------------------------------------

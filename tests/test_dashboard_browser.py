@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +25,6 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -65,34 +65,11 @@ def chromium_executable() -> str:
 
 # --- the run folder -----------------------------------------------------------------------
 def build_tiny_run(run: Path) -> Path:
-    """A run folder as ``geodbk demo`` writes it, from the public API, in about 15 s on 2 cores."""
-    from geodbk.dataset import load_sample_dataset
-    from geodbk.export import write_geotiff, write_tile_predictions
-    from geodbk.geomodel import fit_dataset
-    from geodbk.grids import predict_region, reference_points
-    from geodbk.metrics import evaluate, metrics_table, save_metrics
-    from geodbk.models.config import ModelConfig
-    from geodbk.train import TrainConfig
+    """A run folder from ``geodbk.workflow.run_demo`` with tiny settings (~20 s on 2 cores)."""
+    from geodbk.workflow import DemoConfig, run_demo
 
-    (run / "maps").mkdir(parents=True, exist_ok=True)
-    dataset = load_sample_dataset("PR", target="download", quarters=[QUARTER])
-    dataset.save(run / "dataset.parquet")
-    refs = reference_points(dataset)
-    test = dataset.frame[dataset.frame["split"] == "test"]
-    results = {}
-    for kind in KINDS:
-        model = fit_dataset(
-            dataset,
-            kind,
-            model_config=ModelConfig(hidden=32, rank=32),
-            train_config=TrainConfig(epochs=4, progress=False, device="cpu"),
-        )
-        model.save(run / "models" / f"{kind}.pt")
-        results[kind] = evaluate(test["y"].to_numpy(), model.predict(test[["lon", "lat"]].to_numpy()), test["urban_rural"].to_numpy())
-        grid = predict_region(model, dataset.region, GRID_RESOLUTION, refs=refs, store=run / "maps" / f"{kind}.nc", progress=False)
-        write_geotiff(grid, run / "maps" / f"{kind}.tif")
-        write_tile_predictions(model, dataset, run / "maps" / f"{kind}_test_tiles.geojson")
-    save_metrics(metrics_table(results), run)
+    config = DemoConfig(quarters=[QUARTER], models=KINDS, epochs=4, resolution=GRID_RESOLUTION, device="cpu", progress=False)
+    run_demo(run, config, echo=lambda line: None)
     return run
 
 
@@ -111,19 +88,24 @@ def free_port() -> int:
 class Server:
     """``panel serve apps/dashboard.py`` on a loopback port, in a subprocess."""
 
-    def __init__(self, run: Path, log: Path) -> None:
+    def __init__(self, run: Path, log: Path, *, via_cli: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/dashboard"
-        env = {**os.environ, "GEODBK_OFFLINE": "1", "OMP_NUM_THREADS": "1", "BOKEH_RESOURCES": "server"}
-        cmd = [
-            sys.executable, "-m", "panel", "serve", str(APP),
-            "--port", str(self.port), "--address", "127.0.0.1",
-            "--allow-websocket-origin", f"127.0.0.1:{self.port}",
-            "--args", "--run", str(run),
-        ]  # fmt: skip
+        env = {**os.environ, "GEODBK_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        if via_cli:  # the same server through `geodbk serve`
+            cmd = [sys.executable, "-m", "geodbk", "serve", "--run", str(run), "--port", str(self.port), "--offline"]
+        else:
+            cmd = [
+                sys.executable, "-m", "panel", "serve", str(APP),
+                "--port", str(self.port), "--address", "127.0.0.1",
+                "--allow-websocket-origin", f"127.0.0.1:{self.port}",
+                "--args", "--run", str(run),
+            ]  # fmt: skip
         self.log = log
         self._log_file = log.open("w")
-        self.process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -139,12 +121,15 @@ class Server:
         raise TimeoutError(f"panel serve did not answer in {timeout} s:\n{self.log.read_text()[-4000:]}")
 
     def stop(self) -> None:
-        self.process.terminate()
+        """Stop the server's own process group (it was started in a new session)."""
         try:
+            os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+        except ProcessLookupError:
+            pass
         self._log_file.close()
 
     def app_errors(self) -> list[str]:
@@ -336,9 +321,9 @@ def test_geotiff_download_is_the_selected_models_map(server, page_and_log, run_f
     assert log.problems() == [], log.problems()
 
 
-def test_page_explains_what_to_run_without_a_run_folder(page_and_log, tmp_path):
+def test_geodbk_serve_without_a_run_folder_explains_what_to_run(page_and_log, tmp_path):
     page, log = page_and_log
-    srv = Server(tmp_path / "missing-run", tmp_path / "panel.log")
+    srv = Server(tmp_path / "missing-run", tmp_path / "panel.log", via_cli=True)
     try:
         srv.wait_ready()
         page.goto(srv.url, wait_until="load")
