@@ -1,0 +1,25 @@
+"""The names the README and the dashboard rely on resolve from the top-level package."""
+
+import subprocess
+import sys
+
+import pytest
+
+import geodbk
+
+
+@pytest.mark.parametrize("name", geodbk.__all__)
+def test_public_name_resolves(name):
+    assert getattr(geodbk, name) is not None
+
+
+def test_unknown_name_raises_attribute_error():
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        geodbk.no_such_thing
+
+
+def test_import_is_light():
+    """`import geodbk` must not pull torch: the CLI's --help stays fast."""
+    code = "import sys, geodbk; print('torch' in sys.modules, 'geopandas' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
