@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from geodbk.models import ModelConfig, available_models
+from geodbk.models import ModelConfig, available_models, get_model_spec
 from geodbk.models.related import (
     BlackBoxAlpha,
     DecoupledELBO,
@@ -294,7 +294,8 @@ def test_each_related_model_recovers_a_smooth_function(kind):
     rng = np.random.default_rng(1)
     (X, y), (Xv, yv), (Xt, yt) = _toy(300, rng), _toy(100, rng), _toy(300, rng)
     mcfg = ModelConfig(hidden=32, rank=32, options={"num_inducing": 32, "embed_dim": 2, "per_dim": 6})
-    tcfg = TrainConfig(epochs=80, batch_size=64, lr=1e-2, progress=False, device="cpu", patience=None)
+    steps = 300 if get_model_spec(kind).full_batch else 80  # full-batch kinds: one step per epoch
+    tcfg = TrainConfig(epochs=steps, batch_size=64, lr=1e-2, progress=False, device="cpu", patience=None)
     torch.set_default_dtype(torch.float32)
     fitted = fit_arrays(kind, X, y, Xv, yv, model_config=mcfg, train_config=tcfg)
     untrained = Regressor(kind, build_model(kind, 2, mcfg).eval(), mcfg, 2, float(y.mean()), float(y.std()))

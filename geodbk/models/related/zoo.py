@@ -15,6 +15,9 @@ Kind-specific ``ModelConfig.options`` (defaults are the papers' settings):
 * svdbk: none (rank = ``cfg.rank``; the earlier DBK paper used r = 128).
 * dfgp: ``embed_dim`` (4), ``n_features`` (r = 40, even), ``feature_seed`` (0).
 * dmgp: ``embed_dim`` (1), ``per_dim`` (m = 15; rank m^embed_dim).
+* dfgp / dmgp: ``noise_init`` (1.0, GPflow's likelihood default, which that paper used;
+  from 1e-2 the exact posterior starts over-confident and the network overfits before
+  sigma^2 recovers: test NLL 2.95 vs 0.55 on 1,500 elevators rows).
 * dcsvgp / dcppgp: ``num_inducing`` (``cfg.rank``), ``ard`` (False), ``beta2`` (1e-3),
   ``noise_init`` (0.69, GPyTorch's Gaussian-likelihood default that the paper's code starts
   from; the DBK papers' 1e-2 in ``ModelConfig.noise_init`` makes this ELBO crawl for hundreds
@@ -56,7 +59,7 @@ def build_dfgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
         embed, int(cfg.options.get("n_features", 40)), seed=int(cfg.options.get("feature_seed", 0))
     )
     basis = BasisMap(StandardizedEmbedding(_resnet(input_dim, cfg), embed), expansion)
-    return BasisGP(basis, noise_init=cfg.noise_init, noise_floor=cfg.noise_floor)
+    return BasisGP(basis, noise_init=float(cfg.options.get("noise_init", 1.0)), noise_floor=cfg.noise_floor)
 
 
 def build_dmgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
@@ -64,7 +67,7 @@ def build_dmgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
     embed = int(cfg.options.get("embed_dim", 1))
     expansion = MercerExpansion(embed, int(cfg.options.get("per_dim", 15)))
     basis = BasisMap(StandardizedEmbedding(_resnet(input_dim, cfg), embed), expansion)
-    return BasisGP(basis, noise_init=cfg.noise_init, noise_floor=cfg.noise_floor)
+    return BasisGP(basis, noise_init=float(cfg.options.get("noise_init", 1.0)), noise_floor=cfg.noise_floor)
 
 
 def build_dcsvgp(input_dim: int, cfg: ModelConfig) -> DecoupledSVGP:
