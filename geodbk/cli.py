@@ -380,7 +380,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quarters", help="comma-separated quarters, or 'all' for 2019Q1-2023Q4 "
                    "(default 2023Q1,2023Q2,2023Q3,2023Q4)")
     p.add_argument("--models", help="comma-separated model kinds to fit (default dbk-rbf,sv-rbf,sv-dkl)")
-    p.add_argument("--epochs", type=int, help="training epochs per model (default 60)")
+    p.add_argument("--epochs", type=int, help="training epochs per model (default 10 at lr 0.01)")
     p.add_argument("--resolution", help="map cell side in degrees, or e.g. 500m (default 0.005 degrees, about 550 m)")
     p.add_argument("--crs", help="CRS of the maps (default EPSG:4326; UTM for metre resolutions)")
     p.add_argument("--paper-size", action="store_true", help="paper model size and 400-epoch schedule")

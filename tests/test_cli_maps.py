@@ -117,7 +117,7 @@ def test_help_states_units_and_the_real_defaults() -> None:
         return "".join(text.split()) in demo_help
 
     # the defaults the help promises are the ones DemoConfig uses
-    assert says(f"(default {d.epochs})")
+    assert says(f"(default {d.epochs} at lr {d.lr:g})")
     assert says(f"(default {d.resolution} degrees")
     assert says(f"(default {','.join(DEMO_QUARTERS)})") and tuple(d.quarters) == DEMO_QUARTERS
     assert says(f"(default {','.join(DEMO_MODELS)})") and tuple(d.models) == DEMO_MODELS
