@@ -241,14 +241,10 @@ class RegularGrid:
         for start in range(0, self.height, chunk_rows):
             yield slice(start, min(start + chunk_rows, self.height))
 
-    def cells(self, rows: slice) -> tuple[np.ndarray, np.ndarray]:
-        """Cells of a row block: ``(lonlat (m, 2) of the cells inside the region, inside (r, width) bool)``."""
-        return _BlockLocator(self).cells(rows)
-
     def inside_mask(self) -> np.ndarray:
         """``(height, width)`` boolean, True where the cell centre is inside the region."""
         locator = _BlockLocator(self)
-        return np.concatenate([locator.cells(rows)[1] for rows in self.blocks(max(1, DEFAULT_CELLS_PER_CHUNK // self.width))])
+        return np.concatenate([locator.cells(rows)[1] for rows in self.blocks(self.default_chunk_rows())])
 
     def default_chunk_rows(self) -> int:
         """Rows per block so that a block has about ``DEFAULT_CELLS_PER_CHUNK`` cells."""
@@ -259,7 +255,6 @@ class _BlockLocator:
     """Cell centres of row blocks in the grid CRS and lon/lat, with the region mask."""
 
     def __init__(self, grid: RegularGrid) -> None:
-        self.grid = grid
         self.x = grid.x
         self.y = grid.y
         self.geometry = grid._grid_geometry()
@@ -268,6 +263,7 @@ class _BlockLocator:
         )
 
     def cells(self, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+        """``(lonlat (m, 2) of the block's cells inside the region, inside (n_rows, width) bool)``."""
         xx, yy = np.meshgrid(self.x, self.y[rows])
         inside = shapely.contains_xy(self.geometry, xx, yy)
         px, py = xx[inside], yy[inside]
