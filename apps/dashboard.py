@@ -102,6 +102,16 @@ def _mercator_layer(path: str, stamp: float, variable: str) -> xr.DataArray:
 
 
 @pn.cache(max_items=16)
+def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float], block: int = 512) -> np.ndarray:
+    """k(x, x) at the grid cells inside the region, from the diagonals of block x block kernel slices."""
+    model = _load_model(model_path, stamp[0])
+    lonlat, _ = grid_cells_lonlat(_load_grid(grid_path, stamp[1]))
+    return np.concatenate(
+        [np.diag(model.kernel_slice(lonlat[i : i + block], lonlat[i : i + block])) for i in range(0, len(lonlat), block)]
+    )
+
+
+@pn.cache(max_items=16)
 def _test_tiles(model_path: str, dataset_path: str, stamp: float) -> pd.DataFrame:
     """:func:`geodbk.export.tile_predictions` of a model at its run's test tiles."""
     model = _load_model(model_path, _stamp(Path(model_path)))
@@ -158,6 +168,10 @@ class Fit:
 
     def mercator_layer(self, variable: str) -> xr.DataArray:
         return _mercator_layer(str(self.grid_path), _stamp(self.grid_path), variable)
+
+    def prior_variance(self) -> np.ndarray:
+        """``(m,)`` prior variance k(x, x) at the grid cells inside the region (see grid_cells_lonlat)."""
+        return _prior_variance(str(self.model_path), str(self.grid_path), (_stamp(self.model_path), _stamp(self.grid_path)))
 
     def test_tiles(self) -> pd.DataFrame:
         return _test_tiles(str(self.model_path), str(self.dataset_path), _stamp(self.model_path))
@@ -270,8 +284,11 @@ class Dashboard:
         self.overlays = pn.widgets.CheckBoxGroup(
             name="Overlays",
             options=["observed tiles", "urban/rural", "region outline"] + ([] if offline else ["basemap"]),
-            value=["observed tiles", "region outline"] + ([] if offline else ["basemap"]),
+            value=["region outline"] + ([] if offline else ["basemap"]),
             inline=True,
+        )
+        self.slice_kind = pn.widgets.RadioButtonGroup(
+            name="Kernel slice", options=["correlation", "covariance"], value="correlation", width=SIDE_WIDTH
         )
         self.notice = pn.pane.Alert("", alert_type="warning", visible=False, width=SIDE_WIDTH * 2)
         self.ref_text = pn.pane.Markdown("", css_classes=["geodbk-ref"], width=SIDE_WIDTH)
@@ -405,7 +422,8 @@ class Dashboard:
                     show_legend=True, legend_position="bottom_left",
                 ),
                 hv.Points(with_mercator(observed), ["easting", "northing"], [value, "urban_rural", "lon", "lat"]).opts(
-                    color="value", cmap="viridis", logz=True, size=3, alpha=0.8, line_color="white", line_width=0.2, tools=["hover"]
+                    color="value", cmap="viridis", logz=True, size=3, alpha=0.8, line_color="white", line_width=0.2,
+                    tools=["hover"], hover_tooltips=[(value.label, "@value"), ("class", "@urban_rural"), ("lon", "@lon"), ("lat", "@lat")],
                 ),
                 hv.Path(outline).opts(color="black", line_width=1.2),
             ]
@@ -424,7 +442,8 @@ class Dashboard:
         return hv.Points(points).opts(color="red", marker="x", size=14, line_width=3)
 
     # -- what a click shows ------------------------------------------------------------------
-    def kernel_view(self, fit: Fit | None, x: float | None, y: float | None) -> pn.viewable.Viewable:
+    def kernel_view(self, fit: Fit | None, x: float | None, y: float | None, kind: str) -> pn.viewable.Viewable:
+        """Kernel slice (correlation or covariance) at the clicked point, and the predictive density there."""
         if fit is None or fit.grid() is None:
             return pn.pane.Markdown("Pick a model run with a saved grid.")
         grid = fit.grid()
@@ -438,35 +457,43 @@ class Dashboard:
         try:
             values[inside] = model.kernel_slice(lonlat, np.array([[lon, lat]]))[:, 0]
         except (TypeError, NotImplementedError) as err:  # e.g. the dnn baseline has no kernel
-            self.ref_text.object = self._reference_text(fit, lon, lat, mean, sd, None)
+            self.ref_text.object = self._reference_text(fit, lon, lat, mean, sd, kind, None)
             return pn.Column(pn.pane.Alert(f"{fit.kind} has no kernel to slice: {err}", alert_type="secondary", width=SIDE_WIDTH), density)
-        self.ref_text.object = self._reference_text(fit, lon, lat, mean, sd, values[inside])
-        k_slice = grid["mean"].copy(data=values.astype(np.float32)).rename("k")
         units = f"log10({fit.dataset().units})²"
+        if kind == "correlation":
+            k_ref = float(model.kernel_slice(np.array([[lon, lat]]), np.array([[lon, lat]]))[0, 0])
+            values[inside] /= np.sqrt(np.clip(fit.prior_variance() * k_ref, 1e-30, None))
+            label, title = "ρ(x, x_ref)", f"correlation with ({lon:.4f}, {lat:.4f})"
+        else:
+            label, title = f"k(x, x_ref) [{units}]", f"k(·, x_ref) at ({lon:.4f}, {lat:.4f})"
+        self.ref_text.object = self._reference_text(fit, lon, lat, mean, sd, kind, values[inside])
         # a diverging map centred on 0 when the slice changes sign, else a sequential one
         signed = bool(np.nanmin(values) < 0)
-        image = hv.Image(mercator_raster(k_slice), kdims=["x", "y"], vdims=[hv.Dimension("k", label=f"k(x, x_ref) [{units}]")]).opts(
-            cmap="RdBu_r" if signed else "inferno", symmetric=signed, colorbar=True, tools=["hover"],
+        k_slice = grid["mean"].copy(data=values.astype(np.float32)).rename("k")
+        image = hv.Image(mercator_raster(k_slice), kdims=["x", "y"], vdims=[hv.Dimension("k", label=label)]).opts(
+            cmap="RdBu_r" if signed else "viridis", symmetric=signed, colorbar=True, tools=["hover"],
         )
         ref_x, ref_y = _TO_MERCATOR.transform(lon, lat)
-        marker = hv.Points([(ref_x, ref_y)]).opts(color="black", marker="x", size=12, line_width=3)
+        marker = hv.Points([(ref_x, ref_y)]).opts(color="red", marker="x", size=12, line_width=3)
         outline = hv.Path(outline_paths(fit.dataset().region.geometry)).opts(color="black", line_width=0.8)
         plot = (image * outline * marker).opts(
-            width=SIDE_WIDTH, height=260, xaxis=None, yaxis=None, data_aspect=1, toolbar=None,
-            title=f"k(·, x_ref) at ({lon:.4f}, {lat:.4f})",
+            width=SIDE_WIDTH, height=260, xaxis=None, yaxis=None, data_aspect=1, toolbar=None, title=title
         )
         return pn.Column(pn.pane.HoloViews(plot, css_classes=["geodbk-kernel"]), density)
 
     @staticmethod
-    def _reference_text(fit: Fit, lon: float, lat: float, mean: float, sd: float, k: np.ndarray | None) -> str:
+    def _reference_text(fit: Fit, lon: float, lat: float, mean: float, sd: float, kind: str, k: np.ndarray | None) -> str:
         units = fit.dataset().units
-        kernel = "no kernel" if k is None else f"max {np.nanmax(k):.4f}, min {np.nanmin(k):.4f}"
+        if k is None:
+            kernel = "no kernel (not a GP)"
+        else:
+            kernel = f"{kind} over the grid: min {np.nanmin(k):.4f}, median {np.nanmedian(k):.4f}, max {np.nanmax(k):.4f}"
         return (
             f"**Reference point** lon {lon:.4f}, lat {lat:.4f}  \n"
             f"Predicted median **{10**mean:.1f} {units}**, 95% PI "
             f"[{10 ** (mean - Z95 * sd):.1f}, {10 ** (mean + Z95 * sd):.1f}] {units}  \n"
             f"log10: mean {mean:.3f}, sd {sd:.3f}, PI width {2 * Z95 * sd:.3f}  \n"
-            f"k(·, x_ref) over the grid: {kernel}"
+            f"{kernel}"
         )
 
     @staticmethod
@@ -514,7 +541,7 @@ class Dashboard:
 
     # -- layout ------------------------------------------------------------------------------
     def view(self) -> pn.viewable.Viewable:
-        kernel = pn.bind(self.kernel_view, self.model, self.tap.param.x, self.tap.param.y)
+        kernel = pn.bind(self.kernel_view, self.model, self.tap.param.x, self.tap.param.y, self.slice_kind)
         controls = pn.Column(
             pn.Row(self.target, self.quarter),
             self.model,
@@ -533,7 +560,7 @@ class Dashboard:
                     pn.pane.HoloViews(self.map, css_classes=["geodbk-map"]),
                     pn.bind(self.pi_width_view, self.model),
                 ),
-                pn.Column(self.ref_text, pn.panel(kernel, defer_load=False), pn.bind(self.metrics_view, self.model)),
+                pn.Column(self.ref_text, self.slice_kind, pn.panel(kernel, defer_load=False), pn.bind(self.metrics_view, self.model)),
             ),
             pn.pane.Markdown(f"<small>{OOKLA_ATTRIBUTION}</small>", width=MAP_WIDTH + SIDE_WIDTH),
         )

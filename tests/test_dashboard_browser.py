@@ -296,8 +296,19 @@ def test_click_on_map_updates_kernel_slice(server, page_and_log):
     assert -68.5 < west[0] < -64.5 and 17.0 < west[1] < 19.0
     text = page.locator(REF_TEXT).inner_text()
     assert re.search(r"Predicted median \d+\.\d Mbps, 95% PI \[\d+\.\d, \d+\.\d\] Mbps", text), text
+    # the slice is shown as a correlation: within [-1, 1] (Cauchy-Schwarz)
+    stats = re.search(r"correlation over the grid: min (-?[\d.]+), median (-?[\d.]+), max (-?[\d.]+)", text)
+    assert stats, text
+    low, median, high = map(float, stats.groups())
+    assert -1.001 <= low <= median <= high <= 1.001
     ARTIFACTS.mkdir(exist_ok=True)
+    page.mouse.move(1, 1)  # no hover tooltip over the map in the screenshot
+    page.wait_for_timeout(300)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    # the same slice as a covariance, for the same point
+    page.get_by_role("button", name="covariance").click()
+    page.locator(REF_TEXT, has_text="covariance over the grid").wait_for()
+    assert reference_lonlat(page) == east
     assert log.problems() == [], log.problems()
     assert server.app_errors() == []
 
