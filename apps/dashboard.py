@@ -290,7 +290,7 @@ class Dashboard:
         self.slice_kind = pn.widgets.RadioButtonGroup(
             name="Kernel slice", options=["correlation", "covariance"], value="correlation", width=SIDE_WIDTH
         )
-        self.notice = pn.pane.Alert("", alert_type="warning", visible=False, width=SIDE_WIDTH * 2)
+        self.notice = pn.pane.Alert("", alert_type="warning", visible=False, width=SIDE_WIDTH * 2, css_classes=["geodbk-notice"])
         self.ref_text = pn.pane.Markdown("", css_classes=["geodbk-ref"], width=SIDE_WIDTH)
         self.geotiff = pn.widgets.FileDownload(label="GeoTIFF of the map", button_type="primary", width=190, embed=False)
         self.test_geojson = pn.widgets.FileDownload(label="Test tiles GeoJSON", width=190, embed=False)

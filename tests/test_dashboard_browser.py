@@ -279,6 +279,11 @@ def test_dashboard_renders_map_widgets_and_tables(server, page_and_log, run_fold
     # the default reference point (the grid's urban reference) is inside Puerto Rico
     lon, lat = reference_lonlat(page)
     assert -67.5 < lon < -65.2 and 17.8 < lat < 18.6
+    # the run has no upload model: choosing upload explains what to run
+    page.locator("select").filter(has=page.locator("option", has_text="upload")).select_option("upload")
+    notice = page.locator(".geodbk-notice div", has_text="geodbk demo --target upload")
+    notice.wait_for()
+    assert "trained on upload" in notice.inner_text()
     assert log.problems() == [], log.problems()
     assert server.app_errors() == []
 
@@ -313,14 +318,16 @@ def test_click_on_map_updates_kernel_slice(server, page_and_log):
     assert server.app_errors() == []
 
 
-def test_geotiff_download_is_the_selected_models_map(server, page_and_log, run_folder, tmp_path):
-    rasterio = pytest.importorskip("rasterio")
+def test_downloads_are_the_selected_models_map_and_the_shown_tiles(server, page_and_log, run_folder, tmp_path):
+    import rasterio
+
+    from geodbk.dataset import SpatialDataset
+
     page, log = page_and_log
     open_dashboard(page, server)
-    page.locator("select").filter(has=page.locator("option", has_text=KINDS[1])).select_option(label=next(
-        t for t in page.locator("select option").all_inner_texts() if t.startswith(KINDS[1])
-    ))
-    page.wait_for_timeout(1500)
+    label = f"{KINDS[1]} ({run_folder.name}, download)"  # the model select's label of that fit
+    page.locator("select").filter(has=page.locator("option", has_text=label)).select_option(label=label)
+    page.locator(".geodbk-map-title div", has_text=KINDS[1]).wait_for()
     with page.expect_download() as info:
         page.get_by_text("GeoTIFF of the map").first.click()
     saved = tmp_path / "map.tif"
@@ -329,6 +336,14 @@ def test_geotiff_download_is_the_selected_models_map(server, page_and_log, run_f
     assert saved.read_bytes() == (run_folder / "maps" / f"{KINDS[1]}.tif").read_bytes()
     with rasterio.open(saved) as tif:
         assert tif.count >= 6 and tif.crs.to_epsg() == 4326
+    # the observed tiles of the chosen quarter, made on the server when asked for
+    with page.expect_download() as info:
+        page.get_by_text("Shown tiles GeoJSON").first.click()
+    shown = json.loads(Path(info.value.path()).read_text())
+    frame = SpatialDataset.load(run_folder / "dataset.parquet").frame
+    year, quarter = (int(v) for v in QUARTER.split("Q"))
+    assert len(shown["features"]) == int(((frame["year"] == year) & (frame["quarter"] == quarter)).sum()) > 0
+    assert {f["properties"]["quarter"] for f in shown["features"]} == {quarter}
     assert log.problems() == [], log.problems()
 
 
