@@ -107,7 +107,10 @@ def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float],
     model = _load_model(model_path, stamp[0])
     lonlat, _ = grid_cells_lonlat(_load_grid(grid_path, stamp[1]))
     return np.concatenate(
-        [np.diag(model.kernel_slice(lonlat[i : i + block], lonlat[i : i + block])) for i in range(0, len(lonlat), block)]
+        [
+            np.diag(model.kernel_slice(lonlat[i : i + block], lonlat[i : i + block]))
+            for i in range(0, len(lonlat), block)
+        ]
     )
 
 
@@ -171,7 +174,9 @@ class Fit:
 
     def prior_variance(self) -> np.ndarray:
         """``(m,)`` prior variance k(x, x) at the grid cells inside the region (see grid_cells_lonlat)."""
-        return _prior_variance(str(self.model_path), str(self.grid_path), (_stamp(self.model_path), _stamp(self.grid_path)))
+        return _prior_variance(
+            str(self.model_path), str(self.grid_path), (_stamp(self.model_path), _stamp(self.grid_path))
+        )
 
     def test_tiles(self) -> pd.DataFrame:
         return _test_tiles(str(self.model_path), str(self.dataset_path), _stamp(self.model_path))
@@ -276,11 +281,20 @@ class Dashboard:
         self.catalog = catalog
         self.offline = offline
         targets = [t for t in TARGETS if catalog.for_target(t)] or ["download"]
-        self.target = pn.widgets.Select(name="Target", options=sorted(set(targets) | {"download", "upload"}, key=TARGETS.index), value=targets[0], width=180)
+        self.target = pn.widgets.Select(
+            name="Target",
+            options=sorted(set(targets) | {"download", "upload"}, key=TARGETS.index),
+            value=targets[0],
+            width=180,
+        )
         self.model = pn.widgets.Select(name="Model run", options={}, width=380)
         self.quarter = pn.widgets.Select(name="Observed tiles: quarter", options=[], width=180)
-        self.layer = pn.widgets.RadioButtonGroup(name="Layer", options=list(LAYERS), value="Predictive median", button_type="default")
-        self.clim = pn.widgets.EditableRangeSlider(name="Colour limits", start=0.0, end=1.0, value=(0.0, 1.0), step=0.01, width=380)
+        self.layer = pn.widgets.RadioButtonGroup(
+            name="Layer", options=list(LAYERS), value="Predictive median", button_type="default"
+        )
+        self.clim = pn.widgets.EditableRangeSlider(
+            name="Colour limits", start=0.0, end=1.0, value=(0.0, 1.0), step=0.01, width=380
+        )
         self.overlays = pn.widgets.CheckBoxGroup(
             name="Overlays",
             options=["observed tiles", "urban/rural", "region outline"] + ([] if offline else ["basemap"]),
@@ -290,12 +304,19 @@ class Dashboard:
         self.slice_kind = pn.widgets.RadioButtonGroup(
             name="Kernel slice", options=["correlation", "covariance"], value="correlation", width=SIDE_WIDTH
         )
-        self.notice = pn.pane.Alert("", alert_type="warning", visible=False, width=SIDE_WIDTH * 2, css_classes=["geodbk-notice"])
+        self.notice = pn.pane.Alert(
+            "", alert_type="warning", visible=False, width=SIDE_WIDTH * 2, css_classes=["geodbk-notice"]
+        )
         self.ref_text = pn.pane.Markdown("", css_classes=["geodbk-ref"], width=SIDE_WIDTH)
-        self.geotiff = pn.widgets.FileDownload(label="GeoTIFF of the map", button_type="primary", width=190, embed=False)
+        self.geotiff = pn.widgets.FileDownload(
+            label="GeoTIFF of the map", button_type="primary", width=190, embed=False
+        )
         self.test_geojson = pn.widgets.FileDownload(label="Test tiles GeoJSON", width=190, embed=False)
         self.tiles_geojson = pn.widgets.FileDownload(
-            label="Shown tiles GeoJSON", width=190, callback=self._shown_tiles_geojson, filename="observed_tiles.geojson"
+            label="Shown tiles GeoJSON",
+            width=190,
+            callback=self._shown_tiles_geojson,
+            filename="observed_tiles.geojson",
         )
 
         # The Tap stream's source must be a DynamicMap of one element (here the raster): one
@@ -314,7 +335,13 @@ class Dashboard:
             width=MAP_WIDTH, height=MAP_HEIGHT, xaxis=None, yaxis=None, data_aspect=1, active_tools=["wheel_zoom"]
         )
         self.map_title = pn.pane.Markdown(
-            pn.bind(lambda fit, layer: f"**{fit.kind}** · {layer} · click the map to see the kernel slice there" if fit else "", self.model, self.layer),
+            pn.bind(
+                lambda fit, layer: (
+                    f"**{fit.kind}** · {layer} · click the map to see the kernel slice there" if fit else ""
+                ),
+                self.model,
+                self.layer,
+            ),
             css_classes=["geodbk-map-title"],
             margin=(0, 10),
         )
@@ -402,9 +429,9 @@ class Dashboard:
         name = self._layer_variable(fit)
         _, cmap, logz = LAYERS[layer]
         units = fit.grid()[name].attrs.get("units", "")
-        return hv.Image(fit.mercator_layer(name), kdims=["x", "y"], vdims=[hv.Dimension(name, label=f"{layer} [{units}]")]).opts(
-            cmap=cmap, logz=logz, clim=tuple(clim), colorbar=True, alpha=0.85, tools=["hover"]
-        )
+        return hv.Image(
+            fit.mercator_layer(name), kdims=["x", "y"], vdims=[hv.Dimension(name, label=f"{layer} [{units}]")]
+        ).opts(cmap=cmap, logz=logz, clim=tuple(clim), colorbar=True, alpha=0.85, tools=["hover"])
 
     def _vector_layers(self, fit: Fit | None, quarter: str, overlays: list[str]) -> hv.Overlay:
         """Urban/rural tiles, observed tiles of the quarter, region outline (empty when hidden)."""
@@ -418,12 +445,29 @@ class Dashboard:
         return hv.Overlay(
             [
                 hv.Points(with_mercator(urban), ["easting", "northing"], ["urban_rural", "lon", "lat"]).opts(
-                    color="urban_rural", cmap=URBAN_COLOURS, marker="square", size=4, alpha=0.4,
-                    show_legend=True, legend_position="bottom_left",
+                    color="urban_rural",
+                    cmap=URBAN_COLOURS,
+                    marker="square",
+                    size=4,
+                    alpha=0.4,
+                    show_legend=True,
+                    legend_position="bottom_left",
                 ),
                 hv.Points(with_mercator(observed), ["easting", "northing"], [value, "urban_rural", "lon", "lat"]).opts(
-                    color="value", cmap="viridis", logz=True, size=3, alpha=0.8, line_color="white", line_width=0.2,
-                    tools=["hover"], hover_tooltips=[(value.label, "@value"), ("class", "@urban_rural"), ("lon", "@lon"), ("lat", "@lat")],
+                    color="value",
+                    cmap="viridis",
+                    logz=True,
+                    size=3,
+                    alpha=0.8,
+                    line_color="white",
+                    line_width=0.2,
+                    tools=["hover"],
+                    hover_tooltips=[
+                        (value.label, "@value"),
+                        ("class", "@urban_rural"),
+                        ("lon", "@lon"),
+                        ("lat", "@lat"),
+                    ],
                 ),
                 hv.Path(outline).opts(color="black", line_width=1.2),
             ]
@@ -458,7 +502,10 @@ class Dashboard:
             values[inside] = model.kernel_slice(lonlat, np.array([[lon, lat]]))[:, 0]
         except (TypeError, NotImplementedError) as err:  # e.g. the dnn baseline has no kernel
             self.ref_text.object = self._reference_text(fit, lon, lat, mean, sd, kind, None)
-            return pn.Column(pn.pane.Alert(f"{fit.kind} has no kernel to slice: {err}", alert_type="secondary", width=SIDE_WIDTH), density)
+            return pn.Column(
+                pn.pane.Alert(f"{fit.kind} has no kernel to slice: {err}", alert_type="secondary", width=SIDE_WIDTH),
+                density,
+            )
         units = f"log10({fit.dataset().units})²"
         if kind == "correlation":
             k_ref = float(model.kernel_slice(np.array([[lon, lat]]), np.array([[lon, lat]]))[0, 0])
@@ -471,7 +518,10 @@ class Dashboard:
         signed = bool(np.nanmin(values) < 0)
         k_slice = grid["mean"].copy(data=values.astype(np.float32)).rename("k")
         image = hv.Image(mercator_raster(k_slice), kdims=["x", "y"], vdims=[hv.Dimension("k", label=label)]).opts(
-            cmap="RdBu_r" if signed else "viridis", symmetric=signed, colorbar=True, tools=["hover"],
+            cmap="RdBu_r" if signed else "viridis",
+            symmetric=signed,
+            colorbar=True,
+            tools=["hover"],
         )
         ref_x, ref_y = _TO_MERCATOR.transform(lon, lat)
         marker = hv.Points([(ref_x, ref_y)]).opts(color="red", marker="x", size=12, line_width=3)
@@ -482,12 +532,16 @@ class Dashboard:
         return pn.Column(pn.pane.HoloViews(plot, css_classes=["geodbk-kernel"]), density)
 
     @staticmethod
-    def _reference_text(fit: Fit, lon: float, lat: float, mean: float, sd: float, kind: str, k: np.ndarray | None) -> str:
+    def _reference_text(
+        fit: Fit, lon: float, lat: float, mean: float, sd: float, kind: str, k: np.ndarray | None
+    ) -> str:
         units = fit.dataset().units
         if k is None:
             kernel = "no kernel (not a GP)"
         else:
-            kernel = f"{kind} over the grid: min {np.nanmin(k):.4f}, median {np.nanmedian(k):.4f}, max {np.nanmax(k):.4f}"
+            kernel = (
+                f"{kind} over the grid: min {np.nanmin(k):.4f}, median {np.nanmedian(k):.4f}, max {np.nanmax(k):.4f}"
+            )
         return (
             f"**Reference point** lon {lon:.4f}, lat {lat:.4f}  \n"
             f"Predicted median **{10**mean:.1f} {units}**, 95% PI "
@@ -506,9 +560,12 @@ class Dashboard:
         band = hv.Area((grid[inner], density[inner]), xdim, "density").opts(color="#9ecae1", line_alpha=0)
         curve = hv.Curve((grid, density), xdim, "density").opts(color="#08519c")
         centre = hv.VLine(mean).opts(color="#08519c", line_dash="dashed")
+        lower, upper = 10 ** (mean - Z95 * sd), 10 ** (mean + Z95 * sd)
         return (band * curve * centre).opts(
-            width=SIDE_WIDTH, height=190, toolbar=None,
-            title=f"predictive: median {10**mean:.1f} {units}, 95% PI [{10 ** (mean - Z95 * sd):.1f}, {10 ** (mean + Z95 * sd):.1f}]",
+            width=SIDE_WIDTH,
+            height=190,
+            toolbar=None,
+            title=f"predictive: median {10**mean:.1f} {units}, 95% PI [{lower:.1f}, {upper:.1f}]",
         )
 
     # -- tables and class comparison ---------------------------------------------------------
@@ -534,7 +591,12 @@ class Dashboard:
             return pn.pane.Markdown("")
         frame = fit.test_tiles()
         violin = hv.Violin(frame, "urban_rural", hv.Dimension("pi_width", label="95% PI width (log10)")).opts(
-            violin_fill_color="urban_rural", cmap=URBAN_COLOURS, inner="box", width=MAP_WIDTH, height=260, toolbar=None,
+            violin_fill_color="urban_rural",
+            cmap=URBAN_COLOURS,
+            inner="box",
+            width=MAP_WIDTH,
+            height=260,
+            toolbar=None,
             title=f"95% PI width at the test tiles by class ({fit.kind})",
         )
         return pn.pane.HoloViews(violin, css_classes=["geodbk-violin"])
@@ -560,7 +622,12 @@ class Dashboard:
                     pn.pane.HoloViews(self.map, css_classes=["geodbk-map"]),
                     pn.bind(self.pi_width_view, self.model),
                 ),
-                pn.Column(self.ref_text, self.slice_kind, pn.panel(kernel, defer_load=False), pn.bind(self.metrics_view, self.model)),
+                pn.Column(
+                    self.ref_text,
+                    self.slice_kind,
+                    pn.panel(kernel, defer_load=False),
+                    pn.bind(self.metrics_view, self.model),
+                ),
             ),
             pn.pane.Markdown(f"<small>{OOKLA_ATTRIBUTION}</small>", width=MAP_WIDTH + SIDE_WIDTH),
         )

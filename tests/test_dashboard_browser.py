@@ -68,7 +68,9 @@ def build_tiny_run(run: Path) -> Path:
     """A run folder from ``geodbk.workflow.run_demo`` with tiny settings (~20 s on 2 cores)."""
     from geodbk.workflow import DemoConfig, run_demo
 
-    config = DemoConfig(quarters=[QUARTER], models=KINDS, epochs=4, resolution=GRID_RESOLUTION, device="cpu", progress=False)
+    config = DemoConfig(
+        quarters=[QUARTER], models=KINDS, epochs=4, resolution=GRID_RESOLUTION, device="cpu", progress=False
+    )
     run_demo(run, config, echo=lambda line: None)
     return run
 
@@ -111,7 +113,9 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"panel serve exited with {self.process.returncode}:\n{self.log.read_text()[-4000:]}")
+                raise RuntimeError(
+                    f"panel serve exited with {self.process.returncode}:\n{self.log.read_text()[-4000:]}"
+                )
             try:
                 # the first page request runs the app once, which also warms its caches
                 with urllib.request.urlopen(self.url, timeout=max(1.0, deadline - time.monotonic())):
@@ -134,7 +138,11 @@ class Server:
 
     def app_errors(self) -> list[str]:
         """Python errors the server logged while running the app."""
-        return [line for line in self.log.read_text().splitlines() if "Traceback" in line or "Error running application" in line]
+        return [
+            line
+            for line in self.log.read_text().splitlines()
+            if "Traceback" in line or "Error running application" in line
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +203,10 @@ def page_and_log(browser_context):
     page = browser_context.new_page()
     page.route("**/*", only_loopback)
     page.on("pageerror", lambda err: log.page_errors.append(f"pageerror: {err}"))
-    page.on("console", lambda msg: log.console_errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on(
+        "console",
+        lambda msg: log.console_errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None,
+    )
     yield page, log
     page.close()
 
