@@ -52,9 +52,11 @@ LOAD_TIMEOUT_MS = 90_000
 REF_TEXT = ".geodbk-ref div"
 
 
-def chromium_executable() -> str:
+def chromium_executable(candidates: tuple[str | None, ...] | None = None) -> str:
     """Debian's Chromium, or skip (locally) / fail (in CI) when it is missing."""
-    for candidate in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+    if candidates is None:
+        candidates = ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
+    for candidate in candidates:
         if candidate and Path(candidate).exists():
             return candidate
     message = "Chromium not found: install it with `apt-get install -y chromium` (scripts/setup.sh does as root)"
@@ -370,3 +372,12 @@ def test_geodbk_serve_without_a_run_folder_explains_what_to_run(page_and_log, tm
     finally:
         srv.stop()
     assert log.problems() == [], log.problems()
+
+
+def test_missing_chromium_skips_locally_but_fails_in_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        chromium_executable(("/nonexistent/chromium", None))
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception):
+        chromium_executable(("/nonexistent/chromium", None))
