@@ -307,7 +307,6 @@ class Dashboard:
         self.notice = pn.pane.Alert(
             "", alert_type="warning", visible=False, width=SIDE_WIDTH * 2, css_classes=["geodbk-notice"]
         )
-        self.ref_text = pn.pane.Markdown("", css_classes=["geodbk-ref"], width=SIDE_WIDTH)
         self.geotiff = pn.widgets.FileDownload(
             label="GeoTIFF of the map", button_type="primary", width=190, embed=False
         )
@@ -501,8 +500,8 @@ class Dashboard:
         try:
             values[inside] = model.kernel_slice(lonlat, np.array([[lon, lat]]))[:, 0]
         except (TypeError, NotImplementedError) as err:  # e.g. the dnn baseline has no kernel
-            self.ref_text.object = self._reference_text(fit, lon, lat, mean, sd, kind, None)
             return pn.Column(
+                self._reference_pane(fit, lon, lat, mean, sd, kind, None),
                 pn.pane.Alert(f"{fit.kind} has no kernel to slice: {err}", alert_type="secondary", width=SIDE_WIDTH),
                 density,
             )
@@ -513,7 +512,6 @@ class Dashboard:
             label, title = "ρ(x, x_ref)", f"correlation with ({lon:.4f}, {lat:.4f})"
         else:
             label, title = f"k(x, x_ref) [{units}]", f"k(·, x_ref) at ({lon:.4f}, {lat:.4f})"
-        self.ref_text.object = self._reference_text(fit, lon, lat, mean, sd, kind, values[inside])
         # a diverging map centred on 0 when the slice changes sign, else a sequential one
         signed = bool(np.nanmin(values) < 0)
         k_slice = grid["mean"].copy(data=values.astype(np.float32)).rename("k")
@@ -529,12 +527,18 @@ class Dashboard:
         plot = (image * outline * marker).opts(
             width=SIDE_WIDTH, height=260, xaxis=None, yaxis=None, data_aspect=1, toolbar=None, title=title
         )
-        return pn.Column(pn.pane.HoloViews(plot, css_classes=["geodbk-kernel"]), density)
+        # text and plots are replaced together, so the text never describes an older click
+        return pn.Column(
+            self._reference_pane(fit, lon, lat, mean, sd, kind, values[inside]),
+            pn.pane.HoloViews(plot, css_classes=["geodbk-kernel"]),
+            density,
+        )
 
     @staticmethod
-    def _reference_text(
+    def _reference_pane(
         fit: Fit, lon: float, lat: float, mean: float, sd: float, kind: str, k: np.ndarray | None
-    ) -> str:
+    ) -> pn.pane.Markdown:
+        """The clicked point, its predictive distribution in data and log10 units, and the slice's range."""
         units = fit.dataset().units
         if k is None:
             kernel = "no kernel (not a GP)"
@@ -542,13 +546,14 @@ class Dashboard:
             kernel = (
                 f"{kind} over the grid: min {np.nanmin(k):.4f}, median {np.nanmedian(k):.4f}, max {np.nanmax(k):.4f}"
             )
-        return (
+        text = (
             f"**Reference point** lon {lon:.4f}, lat {lat:.4f}  \n"
             f"Predicted median **{10**mean:.1f} {units}**, 95% PI "
             f"[{10 ** (mean - Z95 * sd):.1f}, {10 ** (mean + Z95 * sd):.1f}] {units}  \n"
             f"log10: mean {mean:.3f}, sd {sd:.3f}, PI width {2 * Z95 * sd:.3f}  \n"
             f"{kernel}"
         )
+        return pn.pane.Markdown(text, css_classes=["geodbk-ref"], width=SIDE_WIDTH)
 
     @staticmethod
     def _density(fit: Fit, mean: float, sd: float) -> hv.Overlay:
@@ -623,7 +628,6 @@ class Dashboard:
                     pn.bind(self.pi_width_view, self.model),
                 ),
                 pn.Column(
-                    self.ref_text,
                     self.slice_kind,
                     pn.panel(kernel, defer_load=False),
                     pn.bind(self.metrics_view, self.model),

@@ -321,7 +321,8 @@ def test_click_on_map_updates_kernel_slice(server, page_and_log):
     assert -1.001 <= low <= median <= high <= 1.001
     ARTIFACTS.mkdir(exist_ok=True)
     page.mouse.move(1, 1)  # no hover tooltip over the map in the screenshot
-    page.wait_for_timeout(300)
+    page.locator(".geodbk-kernel canvas").first.wait_for(state="visible")
+    page.wait_for_timeout(500)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     # the same slice as a covariance, for the same point
     page.get_by_role("button", name="covariance").click()
