@@ -261,7 +261,7 @@ def test_valla_loss_matches_the_black_box_alpha_formula(alpha):
     def jac(a):  # last-layer Jacobian of g(a) = head(h(a))
         return torch.cat([model.network.backbone(a), torch.ones(len(a), 1)], 1)
 
-    s0sq, s2 = 0.49, model.noise()
+    s0sq, s2 = 0.49, model.noise().detach()
     kappa = lambda a, b: s0sq * jac(a) @ jac(b).T  # noqa: E731
     z = model.inducing
     A = model.chol_factor @ model.chol_factor.T
