@@ -119,12 +119,20 @@ def raw_rbf_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
     return BasisMap(IdentityBackbone(input_dim), RBFInducingExpansion(input_dim, cfg.rank, cfg.jitter))
 
 
+#: sigma^2 at initialisation (standardised y): the method spec's value for DBK kinds, and
+#: GPyTorch's likelihood default for the SVGP/PPGP baselines it is compared with.
+DBK_NOISE_INIT = 1e-2
+GPYTORCH_NOISE_INIT = 0.693
+
+
 def _gp(basis_builder: Callable[[int, ModelConfig], BasisMap], *, include_residual: bool = False):
+    kind_noise = GPYTORCH_NOISE_INIT if include_residual else DBK_NOISE_INIT
+
     def build(input_dim: int, cfg: ModelConfig) -> BasisGP:
         return BasisGP(
             basis_builder(input_dim, cfg),
             include_residual=include_residual,
-            noise_init=cfg.noise_init,
+            noise_init=cfg.noise_init_or(kind_noise),
             noise_floor=cfg.noise_floor,
         )
 
@@ -132,7 +140,7 @@ def _gp(basis_builder: Callable[[int, ModelConfig], BasisMap], *, include_residu
 
 
 def _network(input_dim: int, cfg: ModelConfig) -> PointNetwork:
-    return PointNetwork(resnet(input_dim, cfg), cfg.noise_init, cfg.noise_floor)
+    return PointNetwork(resnet(input_dim, cfg), cfg.noise_init_or(DBK_NOISE_INIT), cfg.noise_floor)
 
 
 register_model("dbk-rbf", ModelSpec(

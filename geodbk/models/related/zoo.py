@@ -15,13 +15,14 @@ Kind-specific ``ModelConfig.options`` (defaults are the papers' settings):
 * svdbk: none (rank = ``cfg.rank``; the earlier DBK paper used r = 128).
 * dfgp: ``embed_dim`` (4), ``n_features`` (r = 40, even), ``feature_seed`` (0).
 * dmgp: ``embed_dim`` (1), ``per_dim`` (m = 15; rank m^embed_dim).
-* dfgp / dmgp: ``noise_init`` (1.0, GPflow's likelihood default, which that paper used;
-  from 1e-2 the exact posterior starts over-confident and the network overfits before
-  sigma^2 recovers: test NLL 2.95 vs 0.55 on 1,500 elevators rows).
 * dcsvgp / dcppgp: ``num_inducing`` (``cfg.rank``), ``ard`` (False), ``beta2`` (1e-3),
-  ``noise_init`` (0.69, GPyTorch's Gaussian-likelihood default that the paper's code starts
-  from; the DBK papers' 1e-2 in ``ModelConfig.noise_init`` makes this ELBO crawl for hundreds
-  of steps), ``lengthscale_init`` (sqrt(d)).
+  ``lengthscale_init`` (sqrt(d)).
+
+Kind defaults of ``ModelConfig.noise_init`` (used when it is ``None``): dfgp / dmgp 1.0
+(GPflow's likelihood default, which that paper used; from 1e-2 the exact posterior starts
+over-confident and the network overfits before sigma^2 recovers: test NLL 2.95 vs 0.55 on
+1,500 elevators rows); dcsvgp / dcppgp 0.693 (GPyTorch's default, which the paper's code
+starts from; from 1e-2 this ELBO crawls for hundreds of steps); the rest 1e-2.
 * valla: ``num_inducing`` (100), ``dnn_epochs`` (the train config's epochs).
 """
 
@@ -39,7 +40,7 @@ from geodbk.models.related.fourier_mercer import (
 )
 from geodbk.models.related.svdbk import CorrectedBasisGP, LinearExpansion, SVDBKELBO
 from geodbk.models.related.valla import BlackBoxAlpha, LastLayerVaLLA, prepare_valla
-from geodbk.models.zoo import ModelSpec, register_model
+from geodbk.models.zoo import DBK_NOISE_INIT, GPYTORCH_NOISE_INIT, ModelSpec, register_model
 
 
 def _resnet(input_dim: int, cfg: ModelConfig) -> ResNetBackbone:
@@ -49,7 +50,7 @@ def _resnet(input_dim: int, cfg: ModelConfig) -> ResNetBackbone:
 def build_svdbk(input_dim: int, cfg: ModelConfig, *, correct: bool = True) -> CorrectedBasisGP:
     """ResNet + linear r-dim basis with q(w) = N(m, LL^T) and the DBK variance correction."""
     basis = BasisMap(_resnet(input_dim, cfg), LinearExpansion(cfg.hidden, cfg.rank))
-    return CorrectedBasisGP(basis, correct=correct, noise_init=cfg.noise_init, noise_floor=cfg.noise_floor)
+    return CorrectedBasisGP(basis, correct=correct, noise_init=cfg.noise_init_or(DBK_NOISE_INIT), noise_floor=cfg.noise_floor)
 
 
 def build_dfgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
@@ -59,7 +60,7 @@ def build_dfgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
         embed, int(cfg.options.get("n_features", 40)), seed=int(cfg.options.get("feature_seed", 0))
     )
     basis = BasisMap(StandardizedEmbedding(_resnet(input_dim, cfg), embed), expansion)
-    return BasisGP(basis, noise_init=float(cfg.options.get("noise_init", 1.0)), noise_floor=cfg.noise_floor)
+    return BasisGP(basis, noise_init=cfg.noise_init_or(1.0), noise_floor=cfg.noise_floor)
 
 
 def build_dmgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
@@ -67,7 +68,7 @@ def build_dmgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
     embed = int(cfg.options.get("embed_dim", 1))
     expansion = MercerExpansion(embed, int(cfg.options.get("per_dim", 15)))
     basis = BasisMap(StandardizedEmbedding(_resnet(input_dim, cfg), embed), expansion)
-    return BasisGP(basis, noise_init=float(cfg.options.get("noise_init", 1.0)), noise_floor=cfg.noise_floor)
+    return BasisGP(basis, noise_init=cfg.noise_init_or(1.0), noise_floor=cfg.noise_floor)
 
 
 def build_dcsvgp(input_dim: int, cfg: ModelConfig) -> DecoupledSVGP:
@@ -78,7 +79,7 @@ def build_dcsvgp(input_dim: int, cfg: ModelConfig) -> DecoupledSVGP:
         ard=bool(cfg.options.get("ard", False)),
         lengthscale_init=cfg.options.get("lengthscale_init"),
         jitter=cfg.jitter,
-        noise_init=float(cfg.options.get("noise_init", 0.69)),
+        noise_init=cfg.noise_init_or(GPYTORCH_NOISE_INIT),
         noise_floor=cfg.noise_floor,
     )
     model.omega_weight = float(cfg.options.get("beta2", 1e-3))
@@ -87,9 +88,9 @@ def build_dcsvgp(input_dim: int, cfg: ModelConfig) -> DecoupledSVGP:
 
 def build_valla(input_dim: int, cfg: ModelConfig) -> LastLayerVaLLA:
     """Last-layer VaLLA around a ResNet + linear-head network (fitted in ``prepare``)."""
-    network = PointNetwork(_resnet(input_dim, cfg), cfg.noise_init, cfg.noise_floor)
+    network = PointNetwork(_resnet(input_dim, cfg), cfg.noise_init_or(DBK_NOISE_INIT), cfg.noise_floor)
     return LastLayerVaLLA(
-        network, int(cfg.options.get("num_inducing", 100)), cfg.noise_init, cfg.noise_floor
+        network, int(cfg.options.get("num_inducing", 100)), cfg.noise_init_or(DBK_NOISE_INIT), cfg.noise_floor
     )
 
 
