@@ -88,7 +88,7 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
             "default models on the full Puerto Rico sample in minutes on 2 cores): h=64, r=128, 10 epochs, "
             "lr 1e-2; --paper-size: the paper's h=256, r=1024, 400 epochs, lr 1e-3 (explicit flags win)."
         ),
-        epilog="example: geodbk fit --dataset runs/demo/dataset.parquet --models dbk-rbf,sv-rbf,sv-dkl "
+        epilog="example: geodbk fit --dataset outputs/demo/dataset.parquet --models dbk-rbf,sv-rbf,sv-dkl "
         "--epochs 30 --out runs/pr",
     )
     p.add_argument("--dataset", required=True, metavar="PATH", help="dataset file (GeoParquet from geodbk)")
@@ -182,7 +182,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
             "Cells outside the region polygon are NaN and not predicted. The grid is filled in row "
             "blocks written straight to the output, so memory stays flat for any grid size."
         ),
-        epilog="example: geodbk predict --model runs/demo/models/dbk-rbf.pt --region PR "
+        epilog="example: geodbk predict --model outputs/demo/models/dbk-rbf.pt --region PR "
         "--resolution 0.01 --out pr.nc --ref sanjuan:-66.06,18.45",
     )
     p.add_argument("--model", required=True, metavar="PATH", help="fitted model file, e.g. RUN/models/dbk-rbf.pt")
@@ -374,7 +374,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
             "h=256, r=1024, 400 epochs (a GPU job). Open the result with `geodbk serve --run DIR`."
         ),
     )
-    p.add_argument("--out", default="runs/demo", metavar="DIR", help="run folder to write (default runs/demo)")
+    p.add_argument("--out", default="outputs/demo", metavar="DIR", help="run folder to write (default outputs/demo)")
     p.add_argument("--region", choices=("PR", "HI"), help="shipped sample region (default PR)")
     p.add_argument("--target", choices=("download", "upload", "latency"), help="speed-test measure (default download)")
     p.add_argument("--quarters", help="comma-separated quarters, or 'all' for 2019Q1-2023Q4 "
