@@ -16,7 +16,7 @@ import torch
 from geodbk.dataset import CoordinateTransform, SpatialDataset
 from geodbk.errors import InputDataError
 from geodbk.models.config import ModelConfig
-from geodbk.regressor import Prediction, Regressor, resolve_device
+from geodbk.regressor import Prediction, Regressor, read_payload, write_payload
 from geodbk.train import TrainConfig, fit_arrays
 
 
@@ -60,24 +60,19 @@ class GeoModel:
 
     def save(self, path: str | Path) -> None:
         """Write the model, transform and meta to one torch file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "format": "geodbk.geomodel/1",
             "regressor": self.regressor.to_payload(),
             "transform": self.transform.to_dict(),
             "meta": self.meta,
         }
-        torch.save(payload, path)
+        write_payload(payload, path)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "GeoModel":
         """Read a file written by :meth:`save`; tensors are mapped to ``device``."""
-        path = Path(path)
-        if not path.exists():
-            raise InputDataError(f"no model file at {path}")
-        payload = torch.load(path, map_location=resolve_device(device), weights_only=True)
-        if not isinstance(payload, dict) or payload.get("format") != "geodbk.geomodel/1":
+        payload = read_payload(path, device)
+        if payload.get("format") != "geodbk.geomodel/1":
             raise InputDataError(f"{path} is not a geodbk GeoModel file")
         return cls(
             regressor=Regressor.from_payload(payload["regressor"], device),

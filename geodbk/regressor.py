@@ -187,18 +187,42 @@ class Regressor:
 
     def save(self, path: str | Path) -> None:
         """Write weights, configs, kind and y scaling to ``path`` (a torch .pt file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(self.to_payload(), path)
+        write_payload(self.to_payload(), path)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "Regressor":
         """Read a file written by :meth:`save`; tensors are mapped to ``device``."""
-        path = Path(path)
-        if not path.exists():
-            raise InputDataError(f"no model file at {path}")
+        return cls.from_payload(read_payload(path, device), device)
+
+
+def write_payload(payload: dict[str, Any], path: str | Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename: never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        torch.save(payload, tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_payload(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a geodbk model file (weights only, no pickled code) with tensors on ``device``.
+
+    Raises:
+        InputDataError: if the file is missing or is not a readable torch file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputDataError(f"no model file at {path}")
+    try:
         payload = torch.load(path, map_location=resolve_device(device), weights_only=True)
-        return cls.from_payload(payload, device)
+    except Exception as err:  # torch raises several types for corrupt or foreign files
+        raise InputDataError(f"{path} is not a readable geodbk model file: {err}") from err
+    if not isinstance(payload, dict):
+        raise InputDataError(f"{path} is not a geodbk model file")
+    return payload
 
 
 def build_model(kind: str, input_dim: int, config: ModelConfig) -> nn.Module:

@@ -86,3 +86,29 @@ def test_cli_fit_writes_models_and_merged_metrics(tmp_path, small_dataset, capsy
     assert table.loc[table["group"] == "overall", "n"].eq(150).all()
     assert main(["fit", *common, "--models", "no-such"]) == 2
     assert "unknown" in capsys.readouterr().err
+
+
+def test_corrupt_or_missing_model_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "model.pt"
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(InputDataError, match="not a readable geodbk model file"):
+        GeoModel.load(bad)
+    with pytest.raises(InputDataError, match="no model file"):
+        GeoModel.load(tmp_path / "absent.pt")
+
+
+def test_failed_save_leaves_the_previous_file_intact(tmp_path, geomodel, monkeypatch):
+    path = tmp_path / "model.pt"
+    geomodel.save(path)
+    before = path.read_bytes()
+
+    def broken_save(obj, f, *args, **kwargs):
+        with open(f, "wb") as fh:
+            fh.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr("geodbk.regressor.torch.save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        geomodel.save(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
