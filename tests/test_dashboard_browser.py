@@ -50,6 +50,7 @@ GRID_RESOLUTION = 0.02  # degrees: ~137 x 31 cells over Puerto Rico
 LOAD_TIMEOUT_MS = 90_000
 #: Panel renders each pane in a shadow root; Playwright's CSS selectors pierce it.
 REF_TEXT = ".geodbk-ref div"
+REF_PATTERN = re.compile(r"lon (-?\d+\.\d+), lat (-?\d+\.\d+)")
 
 
 def chromium_executable(candidates: tuple[str | None, ...] | None = None) -> str:
@@ -226,7 +227,7 @@ def open_dashboard(page, server: Server) -> None:
 
 def reference_lonlat(page) -> tuple[float, float]:
     text = page.locator(REF_TEXT).inner_text()
-    match = re.search(r"lon (-?\d+\.\d+), lat (-?\d+\.\d+)", text)
+    match = REF_PATTERN.search(text)
     assert match, f"no reference point in {text!r}"
     return float(match.group(1)), float(match.group(2))
 
@@ -241,8 +242,9 @@ def click_map(page, fx: float, fy: float) -> tuple[float, float]:
     assert box and box["width"] > 100 and box["height"] > 100, box
     page.mouse.click(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
     deadline = time.monotonic() + 60
-    while page.locator(REF_TEXT).inner_text() == before:
-        assert time.monotonic() < deadline, "the kernel slice did not follow the click"
+    # Panel re-renders the text in place, so it can be briefly empty: wait for a new, full one.
+    while (text := page.locator(REF_TEXT).inner_text()) == before or not REF_PATTERN.search(text):
+        assert time.monotonic() < deadline, f"the kernel slice did not follow the click (text {text!r})"
         page.wait_for_timeout(200)
     return reference_lonlat(page)
 
