@@ -10,7 +10,7 @@ import rasterio
 from geodbk.cli import build_parser, main
 from geodbk.geomodel import GeoModel
 from geodbk.grids import open_grid
-from geodbk.workflow import DEMO_MODELS, DEMO_QUARTERS, DemoConfig
+from geodbk.workflow import DEMO_MODELS, DemoConfig
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,6 @@ def test_help_states_units_and_the_real_defaults() -> None:
     # the defaults the help promises are the ones DemoConfig uses
     assert says(f"(default {d.epochs} at lr {d.lr:g})")
     assert says(f"(default {d.resolution} degrees")
-    assert says(f"(default {','.join(DEMO_QUARTERS)})") and tuple(d.quarters) == DEMO_QUARTERS
+    assert says("(default all: the 19 complete quarters") and d.quarters is None
     assert says(f"(default {','.join(DEMO_MODELS)})") and tuple(d.models) == DEMO_MODELS
     assert says(f"(default {d.region})") and says(f"(default {d.target})")
