@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -24,6 +22,7 @@ import shapely
 
 from geodbk import paths
 from geodbk.errors import InputDataError, RegionError
+from geodbk.fileio import atomic_path
 from geodbk.ookla import SERVICES, as_tiles, read_tiles
 from geodbk.quadkey import quadkey_centres
 from geodbk.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
@@ -201,21 +200,14 @@ class SpatialDataset:
     def save(self, path: str | Path) -> Path:
         """Write GeoParquet with the metadata; atomic (temp file in the same folder, then rename)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         self.frame.to_parquet(buffer, index=False)
         table = pq.read_table(io.BytesIO(buffer.getvalue()))
         meta = dict(table.schema.metadata or {})
         meta[_METADATA_KEY] = json.dumps(self.metadata()).encode()
         table = table.replace_schema_metadata(meta)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_path(path) as tmp:
             pq.write_table(table, tmp)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
         return path
 
     @classmethod

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import os
 import re
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -36,6 +34,7 @@ from tqdm.auto import tqdm
 
 from geodbk import paths
 from geodbk.errors import DownloadError, InputDataError
+from geodbk.fileio import atomic_path
 from geodbk.quadkey import quadkey_polygons, quadkey_to_tile
 
 #: Public https root of Ookla's open-data S3 bucket (``s3://ookla-open-data``).
@@ -108,9 +107,10 @@ def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".part")
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        with atomic_path(target, suffix=".part") as tmp, open(tmp, "wb") as out, urllib.request.urlopen(
+            url, timeout=timeout
+        ) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             received = 0
             with tqdm(total=total, unit="B", unit_scale=True, desc=name, leave=False) as bar:
@@ -120,13 +120,9 @@ def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.
                     bar.update(len(chunk))
             if total is not None and received < total:
                 raise DownloadError(f"cannot download {url}: connection closed after {received} of {total} bytes")
-        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600
-        os.replace(tmp_name, target)
     except DownloadError:
-        Path(tmp_name).unlink(missing_ok=True)
         raise
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
-        Path(tmp_name).unlink(missing_ok=True)
         if isinstance(err, urllib.error.HTTPError):
             reason = f"HTTP {err.code} {err.reason}"
         else:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from geodbk.errors import InputDataError
+from geodbk.fileio import atomic_path
 from geodbk.models.config import ModelConfig
 from geodbk.models.zoo import get_model_spec
 
@@ -197,14 +198,8 @@ class Regressor:
 
 def write_payload(payload: dict[str, Any], path: str | Path) -> None:
     """``torch.save`` to a temporary file beside ``path``, then rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         torch.save(payload, tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_payload(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from geodbk.errors import InputDataError
 from geodbk.models.config import ModelConfig
 from geodbk.models.objectives import Objective, gaussian_nll
 from geodbk.models.zoo import get_model_spec
-from geodbk.regressor import Regressor, as_inputs, build_model, resolve_device
+from geodbk.regressor import Regressor, as_inputs, build_model, resolve_device, write_payload
 
 
 @dataclass
@@ -101,13 +100,6 @@ def _mean_nll(model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: in
         out = model(xb)
         total += float(gaussian_nll(yb, out.mean, out.predictive_var).sum())
     return total / len(y)
-
-
-def _save_atomic(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def fit_arrays(
@@ -211,7 +203,7 @@ def fit_arrays(
             state["wait"] += 1
         bar.set_postfix(loss=f"{loss:.4f}", val_nll=f"{val_nll:.4f}", best=f"{state['best_val_nll']:.4f}")
         if tcfg.checkpoint_path is not None:
-            _save_atomic(
+            write_payload(
                 {
                     "kind": kind,
                     "model_config": mcfg.to_dict(),
@@ -222,7 +214,7 @@ def fit_arrays(
                     "best_state": best_state,
                     "state": state,
                 },
-                Path(tcfg.checkpoint_path),
+                tcfg.checkpoint_path,
             )
         if tcfg.patience is not None and state["wait"] >= tcfg.patience:
             break
