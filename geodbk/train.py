@@ -152,21 +152,17 @@ def fit_arrays(
     dtype = mcfg.torch_dtype
     torch.manual_seed(tcfg.seed)
     model = build_model(kind, d, mcfg).to(device)
-    if spec.prepare is not None and resume is None:
-        std_tensors = [
-            torch.as_tensor(a, dtype=dtype, device=device)
-            for a in (X, (y - y_mean) / y_std, X_val, (y_val - y_mean) / y_std)
-        ]
-        spec.prepare(model, *std_tensors, mcfg, tcfg)
-    objective = spec.objective(tcfg)
-    optimizer = make_optimizer(model, tcfg)
-    generator = torch.Generator().manual_seed(tcfg.seed)
 
     def tensor(a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a, dtype=dtype, device=device)
 
     Xt, yt = tensor(X), tensor((y - y_mean) / y_std)
     Xv, yv = tensor(X_val), tensor((y_val - y_mean) / y_std)
+    if spec.prepare is not None and resume is None:
+        spec.prepare(model, Xt, yt, Xv, yv, mcfg, tcfg)
+    objective = spec.objective(tcfg)
+    optimizer = make_optimizer(model, tcfg)
+    generator = torch.Generator().manual_seed(tcfg.seed)
     log_std = math.log(y_std)
 
     state = {"epoch": 0, "best_val_nll": math.inf, "best_epoch": 0, "wait": 0, "history": []}
@@ -181,7 +177,6 @@ def fit_arrays(
         best_state = ckpt["best_state"]
         state = ckpt["state"]
 
-    n = len(Xt)
     bar = tqdm(
         range(state["epoch"], tcfg.epochs),
         initial=state["epoch"],
