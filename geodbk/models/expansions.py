@@ -40,6 +40,13 @@ def jittered_cholesky(matrix: torch.Tensor, jitter: float, max_tries: int = 4) -
     )
 
 
+def ard_rbf(a: torch.Tensor, b: torch.Tensor, lengthscale: torch.Tensor, outputscale: torch.Tensor) -> torch.Tensor:
+    """``s^2 exp(-0.5 ||(a - b) / l||^2)`` between a (n, d) and b (k, d): (n, k)."""
+    a, b = a / lengthscale, b / lengthscale
+    sq = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1) - 2.0 * a @ b.T
+    return outputscale * torch.exp(-0.5 * sq.clamp_min(0.0))
+
+
 def default_jitter(dtype: torch.dtype) -> float:
     """Relative diagonal jitter for K_ZZ: 1e-4 in float32, 1e-6 in float64."""
     return 1e-6 if dtype == torch.float64 else 1e-4
@@ -78,10 +85,7 @@ class RBFInducingExpansion(nn.Module):
 
     def base_kernel(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """The ARD RBF kernel matrix between ``a`` (n, h) and ``b`` (m, h): (n, m)."""
-        scale = self.log_lengthscale.exp()
-        a, b = a / scale, b / scale
-        sq = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1) - 2.0 * a @ b.T
-        return self.outputscale * torch.exp(-0.5 * sq.clamp_min(0.0))
+        return ard_rbf(a, b, self.log_lengthscale.exp(), self.outputscale)
 
     def inducing_cholesky(self) -> torch.Tensor:
         """Lower Cholesky factor of the jittered K_ZZ, (r, r)."""

@@ -29,9 +29,8 @@ import torch
 from torch import nn
 
 from geodbk.models.basis_gp import GPOutput, Noise
-from geodbk.models.expansions import default_jitter, jittered_cholesky
+from geodbk.models.expansions import ard_rbf, default_jitter, jittered_cholesky
 from geodbk.models.objectives import Objective, gaussian_nll
-from geodbk.models.related.fourier_mercer import ard_rbf
 
 
 class DecoupledSVGP(nn.Module):

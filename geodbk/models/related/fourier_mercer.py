@@ -36,17 +36,11 @@ import math
 import torch
 from torch import nn
 
+from geodbk.models.expansions import ard_rbf
 from geodbk.models.objectives import ExactMarginalLikelihood
 
 #: The Gaussian measure of the Mercer expansion: rho(z) = alpha/sqrt(pi) exp(-alpha^2 z^2).
 MERCER_ALPHA = 1.0 / math.sqrt(2.0)
-
-
-def ard_rbf(a: torch.Tensor, b: torch.Tensor, lengthscale: torch.Tensor, outputscale: torch.Tensor) -> torch.Tensor:
-    """``s^2 exp(-0.5 ||(a - b) / l||^2)`` between a (n, d) and b (k, d): (n, k)."""
-    a, b = a / lengthscale, b / lengthscale
-    sq = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1) - 2.0 * a @ b.T
-    return outputscale * torch.exp(-0.5 * sq.clamp_min(0.0))
 
 
 class RandomFourierExpansion(nn.Module):
