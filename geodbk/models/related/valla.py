@@ -36,9 +36,7 @@ from torch import nn
 from geodbk.models.basis_gp import GPOutput, Noise, PointNetwork
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import jittered_cholesky
-from geodbk.models.objectives import Objective, gaussian_nll
-
-_LOG_2PI = math.log(2.0 * math.pi)
+from geodbk.models.objectives import _LOG_2PI, Objective, gaussian_nll
 
 
 class LastLayerVaLLA(nn.Module):

@@ -28,7 +28,6 @@ starts from; from 1e-2 this ELBO crawls for hundreds of steps); the rest 1e-2.
 
 from __future__ import annotations
 
-from geodbk.models.backbone import ResNetBackbone
 from geodbk.models.basis_gp import BasisGP, BasisMap, PointNetwork
 from geodbk.models.config import ModelConfig
 from geodbk.models.related.decoupled import DecoupledELBO, DecoupledSVGP
@@ -40,16 +39,12 @@ from geodbk.models.related.fourier_mercer import (
 )
 from geodbk.models.related.svdbk import CorrectedBasisGP, LinearExpansion, SVDBKELBO
 from geodbk.models.related.valla import BlackBoxAlpha, LastLayerVaLLA, prepare_valla
-from geodbk.models.zoo import DBK_NOISE_INIT, GPYTORCH_NOISE_INIT, ModelSpec, register_model
-
-
-def _resnet(input_dim: int, cfg: ModelConfig) -> ResNetBackbone:
-    return ResNetBackbone(input_dim, cfg.hidden, cfg.n_blocks)
+from geodbk.models.zoo import DBK_NOISE_INIT, GPYTORCH_NOISE_INIT, ModelSpec, register_model, resnet
 
 
 def build_svdbk(input_dim: int, cfg: ModelConfig, *, correct: bool = True) -> CorrectedBasisGP:
     """ResNet + linear r-dim basis with q(w) = N(m, LL^T) and the DBK variance correction."""
-    basis = BasisMap(_resnet(input_dim, cfg), LinearExpansion(cfg.hidden, cfg.rank))
+    basis = BasisMap(resnet(input_dim, cfg), LinearExpansion(cfg.hidden, cfg.rank))
     return CorrectedBasisGP(basis, correct=correct, noise_init=cfg.noise_init_or(DBK_NOISE_INIT), noise_floor=cfg.noise_floor)
 
 
@@ -59,7 +54,7 @@ def build_dfgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
     expansion = RandomFourierExpansion(
         embed, int(cfg.options.get("n_features", 40)), seed=int(cfg.options.get("feature_seed", 0))
     )
-    basis = BasisMap(StandardizedEmbedding(_resnet(input_dim, cfg), embed), expansion)
+    basis = BasisMap(StandardizedEmbedding(resnet(input_dim, cfg), embed), expansion)
     return BasisGP(basis, noise_init=cfg.noise_init_or(1.0), noise_floor=cfg.noise_floor)
 
 
@@ -67,7 +62,7 @@ def build_dmgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
     """Deep Mercer GP: Hermite features of the Gaussian kernel on standardised z."""
     embed = int(cfg.options.get("embed_dim", 1))
     expansion = MercerExpansion(embed, int(cfg.options.get("per_dim", 15)))
-    basis = BasisMap(StandardizedEmbedding(_resnet(input_dim, cfg), embed), expansion)
+    basis = BasisMap(StandardizedEmbedding(resnet(input_dim, cfg), embed), expansion)
     return BasisGP(basis, noise_init=cfg.noise_init_or(1.0), noise_floor=cfg.noise_floor)
 
 
@@ -88,7 +83,7 @@ def build_dcsvgp(input_dim: int, cfg: ModelConfig) -> DecoupledSVGP:
 
 def build_valla(input_dim: int, cfg: ModelConfig) -> LastLayerVaLLA:
     """Last-layer VaLLA around a ResNet + linear-head network (fitted in ``prepare``)."""
-    network = PointNetwork(_resnet(input_dim, cfg), cfg.noise_init_or(DBK_NOISE_INIT), cfg.noise_floor)
+    network = PointNetwork(resnet(input_dim, cfg), cfg.noise_init_or(DBK_NOISE_INIT), cfg.noise_floor)
     return LastLayerVaLLA(
         network, int(cfg.options.get("num_inducing", 100)), cfg.noise_init_or(DBK_NOISE_INIT), cfg.noise_floor
     )
