@@ -98,10 +98,16 @@ class DecoupledSVGP(nn.Module):
         """L_S, (M, M) lower-triangular root of S_bar with a positive diagonal."""
         return torch.tril(self.variational_offdiag, -1) + torch.diag(self.variational_log_diag.exp())
 
-    def _terms(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _inducing_cholesky(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L_Q, L_K): lower Cholesky factors of the jittered Q_ZZ and K_ZZ."""
         z = self.inducing
         chol_q = jittered_cholesky(self.mean_kernel(z, z), self._jitter())
         chol_k = jittered_cholesky(self.covar_kernel(z, z), self._jitter())
+        return chol_q, chol_k
+
+    def _terms(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        z = self.inducing
+        chol_q, chol_k = self._inducing_cholesky()
         phi_q = torch.linalg.solve_triangular(chol_q, self.mean_kernel(z, x), upper=False).T  # (b, M)
         a_k = torch.linalg.solve_triangular(chol_k, self.covar_kernel(z, x), upper=False)  # (M, b)
         ktilde = (self.outputscale - a_k.pow(2).sum(0)).clamp_min(0.0)
@@ -109,7 +115,9 @@ class DecoupledSVGP(nn.Module):
 
     # --- model -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> GPOutput:
-        t = self._terms(x)
+        return self._output(self._terms(x))
+
+    def _output(self, t: dict[str, torch.Tensor]) -> GPOutput:
         phi_q = t["phi_q"]
         mean = phi_q @ self.variational_mean + self.constant_mean
         var_f = t["ktilde"] + (phi_q @ self.chol_factor).pow(2).sum(-1)
@@ -117,10 +125,7 @@ class DecoupledSVGP(nn.Module):
 
     def kl_divergence(self) -> torch.Tensor:
         """KL(N(m_bar, S_bar) || N(0, Kbar)) with Kbar = B B^T, B = L_Q^{-1} L_K."""
-        z = self.inducing
-        chol_q = jittered_cholesky(self.mean_kernel(z, z), self._jitter())
-        chol_k = jittered_cholesky(self.covar_kernel(z, z), self._jitter())
-        return self._kl(chol_q, chol_k)
+        return self._kl(*self._inducing_cholesky())
 
     def _kl(self, chol_q: torch.Tensor, chol_k: torch.Tensor) -> torch.Tensor:
         b = torch.linalg.solve_triangular(chol_q, chol_k, upper=False)  # lower-triangular
@@ -145,11 +150,7 @@ class DecoupledSVGP(nn.Module):
     def loss_terms(self, x: torch.Tensor) -> tuple[GPOutput, torch.Tensor, torch.Tensor]:
         """(output, KL, Omega_b) for a batch, sharing one set of Cholesky factors."""
         t = self._terms(x)
-        phi_q = t["phi_q"]
-        mean = phi_q @ self.variational_mean + self.constant_mean
-        var_f = t["ktilde"] + (phi_q @ self.chol_factor).pow(2).sum(-1)
-        out = GPOutput(mean=mean, var_f=var_f, noise=self.noise(), phi=phi_q, residual=t["ktilde"])
-        return out, self._kl(t["chol_q"], t["chol_k"]), self.omega(x, t)
+        return self._output(t), self._kl(t["chol_q"], t["chol_k"]), self.omega(x, t)
 
     def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
         """Prior (covariance-kernel) k(x, x_ref), (n, k)."""
