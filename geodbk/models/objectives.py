@@ -42,11 +42,12 @@ class Objective:
 
     Attributes:
         name: short label shown in progress bars.
-        full_batch: train on the whole training set per step (not decomposable over data).
+
+    Whether a kind trains full batch is set by its :class:`~geodbk.models.zoo.ModelSpec`
+    (``full_batch``), not by the objective.
     """
 
     name = "objective"
-    full_batch = False
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:
         """Loss for the batch ``x`` (b, d), ``y`` (b,) of a training set of size ``n``."""
@@ -177,7 +178,6 @@ class ExactMarginalLikelihood(Objective):
     """
 
     name = "MML"
-    full_batch = True
 
     def __init__(self, chunk_size: int = 65536) -> None:
         self.chunk_size = chunk_size
