@@ -262,9 +262,12 @@ class _BlockLocator:
             None if grid.crs.equals(WGS84) else pyproj.Transformer.from_crs(grid.crs, WGS84, always_xy=True)
         )
 
-    def cells(self, rows: slice) -> tuple[np.ndarray, np.ndarray]:
-        """``(lonlat (m, 2) of the block's cells inside the region, inside (n_rows, width) bool)``."""
-        xx, yy = np.meshgrid(self.x, self.y[rows])
+    def cells(self, rows: slice | np.ndarray, cols: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """``(lonlat (m, 2) of the block's cells inside the region, inside (n_rows, n_cols) bool)``.
+
+        ``rows`` and ``cols`` select grid rows and columns (all columns by default).
+        """
+        xx, yy = np.meshgrid(self.x[cols], self.y[rows])
         inside = shapely.contains_xy(self.geometry, xx, yy)
         px, py = xx[inside], yy[inside]
         if self.to_lonlat is not None:
@@ -321,14 +324,9 @@ def reference_points(
     best_d, best_pt = -1.0, None
     for start in range(0, grid.height, stride * 64):
         rows = np.arange(start, min(start + stride * 64, grid.height), stride)
-        xx, yy = np.meshgrid(locator.x[::stride], locator.y[rows])
-        inside = shapely.contains_xy(locator.geometry, xx, yy)
+        cand, inside = locator.cells(rows, slice(None, None, stride))
         if not inside.any():
             continue
-        px, py = xx[inside], yy[inside]
-        if locator.to_lonlat is not None:
-            px, py = locator.to_lonlat.transform(px, py)
-        cand = np.column_stack([px, py])
         dist, _ = tree.query(_local_xy(cand, lat0))
         i = int(np.argmax(dist))
         if dist[i] > best_d:
