@@ -293,8 +293,9 @@ def reference_points(
 
     ``urban``: the urban tile with the most urban tiles within ``radius_km``; ``rural``: the
     rural tile with the most rural tiles within ``radius_km`` (a well-observed rural place);
-    ``wildland``: the cell of ``grid`` (default: a ~0.005 degree grid over the dataset's
-    region) inside the region that is farthest from any observed tile. Returns
+    ``wildland``: the cell of ``grid`` (default: a degree grid over the dataset's region
+    with 400 cells along its longer side, about 0.007 degrees for Puerto Rico) inside the
+    region that is farthest from any observed tile. Returns
     ``{name: (lon, lat)}`` in degrees.
     """
     from scipy.spatial import cKDTree
