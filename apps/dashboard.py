@@ -261,11 +261,6 @@ def default_reference(fit: Fit, grid: xr.Dataset | None) -> tuple[float, float]:
     return float(centre.x), float(centre.y)
 
 
-def quarter_labels(frame: pd.DataFrame) -> list[str]:
-    pairs = frame[["year", "quarter"]].drop_duplicates().sort_values(["year", "quarter"])
-    return [f"{int(y)}Q{int(q)}" for y, q in pairs.itertuples(index=False)]
-
-
 def tiles_in_quarter(frame: pd.DataFrame, quarter: str) -> pd.DataFrame:
     if quarter == ALL_QUARTERS:
         return frame
@@ -379,7 +374,7 @@ class Dashboard:
         fit = self.fit
         if fit is None:
             return
-        quarters = quarter_labels(fit.dataset().frame)
+        quarters = fit.dataset().quarters
         self.quarter.options = [ALL_QUARTERS] + quarters
         if self.quarter.value not in self.quarter.options:
             self.quarter.value = quarters[-1] if quarters else ALL_QUARTERS
