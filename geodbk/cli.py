@@ -120,9 +120,10 @@ def _run_fit(args: argparse.Namespace) -> int:
     from geodbk.dataset import SpatialDataset
     from geodbk.errors import InputDataError
     from geodbk.geomodel import fit_dataset
-    from geodbk.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
+    from geodbk.metrics import format_metrics_table, metrics_table, save_metrics
     from geodbk.models import ModelConfig, available_models
     from geodbk.train import TrainConfig
+    from geodbk.workflow import RunFolder, evaluate_on_test
 
     kinds = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in available_models()]
@@ -147,25 +148,22 @@ def _run_fit(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     dataset = SpatialDataset.load(args.dataset)
-    run = Path(args.out)
-    if not (run / "dataset.parquet").exists():
-        dataset.save(run / "dataset.parquet")
-    _, y_test, groups = dataset.arrays("test")
-    lonlat_test = dataset.subset("test")[["lon", "lat"]].to_numpy()
+    run = RunFolder(Path(args.out))
+    if not run.dataset.exists():
+        dataset.save(run.dataset)
     results = {}
     for kind in kinds:
         start = time.perf_counter()
         model = fit_dataset(dataset, kind, model_config=model_config, train_config=train_config)
-        model.save(run / "models" / f"{kind}.pt")
-        results[kind] = evaluate(y_test, model.predict(lonlat_test), groups)
+        model.save(run.model(kind))
+        results[kind] = evaluate_on_test(model, dataset)
         print(f"{kind}: best epoch {model.regressor.best_epoch}/{len(model.regressor.history)}, "
               f"{time.perf_counter() - start:.0f} s")
     table = metrics_table(results)
-    metrics_csv = run / "metrics.csv"
-    if metrics_csv.exists():  # keep rows of models fitted earlier into this run
-        earlier = pd.read_csv(metrics_csv)
+    if run.metrics_csv.exists():  # keep rows of models fitted earlier into this run
+        earlier = pd.read_csv(run.metrics_csv)
         table = pd.concat([earlier[~earlier["model"].isin(kinds)], table], ignore_index=True)
-    save_metrics(table, run)
+    save_metrics(table, run.root)
     print(format_metrics_table(table))
     return 0
 
