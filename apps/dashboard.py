@@ -102,16 +102,10 @@ def _mercator_layer(path: str, stamp: float, variable: str) -> xr.DataArray:
 
 
 @pn.cache(max_items=16)
-def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float], block: int = 512) -> np.ndarray:
-    """k(x, x) at the grid cells inside the region, from the diagonals of block x block kernel slices."""
-    model = _load_model(model_path, stamp[0])
+def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float]) -> np.ndarray:
+    """k(x, x) at the grid cells inside the region."""
     lonlat, _ = grid_cells_lonlat(_load_grid(grid_path, stamp[1]))
-    return np.concatenate(
-        [
-            np.diag(model.kernel_slice(lonlat[i : i + block], lonlat[i : i + block]))
-            for i in range(0, len(lonlat), block)
-        ]
-    )
+    return _load_model(model_path, stamp[0]).prior_variance(lonlat)
 
 
 @pn.cache(max_items=16)

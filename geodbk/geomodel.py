@@ -58,6 +58,10 @@ class GeoModel:
         ref = self.transform.to_unit(_lonlat(ref_lonlat, "ref_lonlat"))
         return self.regressor.kernel(xy, ref)
 
+    def prior_variance(self, lonlat: np.ndarray) -> np.ndarray:
+        """Prior variance k(x, x), (n,), in (log10 units)^2; the diagonal of :meth:`kernel_slice`."""
+        return self.regressor.prior_variance(self.transform.to_unit(_lonlat(lonlat, "lonlat")))
+
     def save(self, path: str | Path) -> None:
         """Write the model, transform and meta to one torch file."""
         payload = {

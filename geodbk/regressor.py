@@ -149,6 +149,17 @@ class Regressor:
         out = np.concatenate(blocks) if blocks else np.empty((0, len(X_ref)))
         return out * self.y_std**2
 
+    @torch.no_grad()
+    def prior_variance(self, X: np.ndarray, batch_size: int = 65536) -> np.ndarray:
+        """Prior variance k(x, x) in target units^2: (n,) for X (n, d); the diagonal of :meth:`kernel`."""
+        X = as_inputs(X, self.input_dim)
+        self.model.eval()
+        blocks = [
+            self.model.prior_variance(self._tensor(X[start : start + batch_size])).double().cpu().numpy()
+            for start in range(0, len(X), batch_size)
+        ]
+        return (np.concatenate(blocks) if blocks else np.empty(0)) * self.y_std**2
+
     # --- persistence -----------------------------------------------------------------------
     def to_payload(self) -> dict[str, Any]:
         """Everything needed to rebuild the regressor, as a torch-saveable dict."""

@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ from geodbk.models import (
     unregister_model,
 )
 from geodbk.models.objectives import PPGP
+from geodbk.regressor import build_model
 
 
 def test_dbk_rbf_features_reproduce_the_nystrom_kernel():
@@ -141,3 +144,27 @@ def test_zoo_names_and_registering_a_new_kind():
     finally:
         assert unregister_model("test-pp-rbf") is spec
     assert "test-pp-rbf" not in available_models()
+
+
+@pytest.mark.parametrize("kind", [k for k in available_models() if k != "dnn"])
+def test_prior_variance_is_the_kernel_diagonal(kind):
+    torch.manual_seed(0)
+    model = build_model(kind, 3, ModelConfig(hidden=16, rank=12, dtype="float64")).eval()
+    x = torch.rand(20, 3, dtype=torch.float64) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(model.prior_variance(x), torch.diagonal(model.kernel(x, x)))
+
+
+def test_geomodel_prior_variance_matches_its_kernel_slice(tmp_path):
+    from geodbk.dataset import CoordinateTransform
+    from geodbk.geomodel import GeoModel
+    from geodbk.train import TrainConfig, fit_arrays
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (200, 2))
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(200)
+    reg = fit_arrays("dbk-rbf", X, y, X[:50], y[:50], model_config=ModelConfig(hidden=8, rank=8),
+                     train_config=TrainConfig(epochs=2, progress=False))
+    model = GeoModel(reg, CoordinateTransform(-67.0, 17.9, -65.2, 18.5))
+    lonlat = np.column_stack([rng.uniform(-67.0, -65.2, 30), rng.uniform(17.9, 18.5, 30)])
+    np.testing.assert_allclose(model.prior_variance(lonlat), np.diag(model.kernel_slice(lonlat, lonlat)), rtol=1e-5)

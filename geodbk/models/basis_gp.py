@@ -171,6 +171,12 @@ class BasisGP(nn.Module):
             return expansion.base_kernel(backbone(x), backbone(x_ref))
         return self.basis(x) @ self.basis(x_ref).T
 
+    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
+        """k(x, x) for each row of ``x``, (n,): the diagonal of :meth:`kernel` in O(n r)."""
+        if self.include_residual:
+            return self.basis.expansion.prior_variance(self.basis.backbone(x))
+        return self.basis(x).pow(2).sum(-1)
+
     def backbone_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters that take weight decay (the backbone network only)."""
         return self.basis.backbone.parameters()
@@ -194,6 +200,9 @@ class PointNetwork(nn.Module):
         return GPOutput(mean=mean, var_f=torch.zeros_like(mean), noise=self.noise())
 
     def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
+        raise TypeError("the dnn baseline is not a GP and has no kernel")
+
+    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
         raise TypeError("the dnn baseline is not a GP and has no kernel")
 
     def backbone_parameters(self) -> Iterator[nn.Parameter]:

@@ -156,6 +156,10 @@ class DecoupledSVGP(nn.Module):
         """Prior (covariance-kernel) k(x, x_ref), (n, k)."""
         return self.covar_kernel(x, x_ref)
 
+    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
+        """k(x, x) = s^2 for every row (a stationary kernel), (n,)."""
+        return self.outputscale.expand(x.shape[0])
+
     def backbone_parameters(self) -> Iterator[nn.Parameter]:
         """No network: nothing takes weight decay."""
         return iter(())

@@ -111,6 +111,10 @@ class LastLayerVaLLA(nn.Module):
         """Prior kernel kappa(x, x_ref) = sigma_0^2 [h(x), 1].[h(x_ref), 1], (n, k)."""
         return self.features(x) @ self.features(x_ref).T
 
+    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
+        """kappa(x, x) for each row of ``x``, (n,)."""
+        return self.features(x).pow(2).sum(-1)
+
     def backbone_parameters(self) -> Iterator[nn.Parameter]:
         """The frozen network takes no weight decay: empty."""
         return iter(())
