@@ -22,7 +22,7 @@ from geodbk.errors import InputDataError
 from geodbk.models.config import ModelConfig
 from geodbk.models.objectives import Objective, gaussian_nll
 from geodbk.models.zoo import get_model_spec
-from geodbk.regressor import Regressor, as_inputs, build_model, resolve_device, write_payload
+from geodbk.regressor import Regressor, as_inputs, build_model, read_payload, resolve_device, write_payload
 
 
 @dataclass
@@ -168,8 +168,8 @@ def fit_arrays(
     state = {"epoch": 0, "best_val_nll": math.inf, "best_epoch": 0, "wait": 0, "history": []}
     best_state = copy.deepcopy(model.state_dict())
     if resume is not None:
-        ckpt = torch.load(Path(resume), map_location=device, weights_only=True)
-        if ckpt["kind"] != kind or ckpt["model_config"] != mcfg.to_dict() or ckpt["input_dim"] != d:
+        ckpt = read_payload(resume, device)
+        if ckpt.get("kind") != kind or ckpt["model_config"] != mcfg.to_dict() or ckpt["input_dim"] != d:
             raise InputDataError(f"checkpoint {resume} was written for a different model or config")
         model.load_state_dict(ckpt["model_state"])
         optimizer.load_state_dict(ckpt["optimizer_state"])

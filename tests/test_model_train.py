@@ -162,3 +162,14 @@ def test_bad_inputs_raise_clear_errors(toy):
         fit_arrays("gp-magic", X, y, Xv, yv, train_config=tc)
     with pytest.raises(ValueError, match="dtype"):
         ModelConfig(dtype="float16")
+
+
+def test_resume_from_a_missing_or_corrupt_checkpoint_is_a_clear_error(toy, tmp_path):
+    X, y, Xv, yv = toy
+    cfg = TrainConfig(epochs=1, progress=False)
+    with pytest.raises(InputDataError, match="no model file"):
+        fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL, train_config=cfg, resume=tmp_path / "absent.pt")
+    bad = tmp_path / "bad.pt"
+    bad.write_text("truncated")
+    with pytest.raises(InputDataError, match="not a readable"):
+        fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL, train_config=cfg, resume=bad)
