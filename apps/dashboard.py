@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import holoviews as hv
+from bokeh.models import CustomJSHover
 import numpy as np
 import pandas as pd
 import panel as pn
@@ -215,6 +216,20 @@ def with_mercator(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with ``easting``/``northing`` (EPSG:3857 metres) from its ``lon``/``lat`` columns."""
     easting, northing = _TO_MERCATOR.transform(frame["lon"].to_numpy(), frame["lat"].to_numpy())
     return frame.assign(easting=easting, northing=northing)
+
+
+def raster_hover(label: str) -> dict:
+    """Hover options for a Web Mercator ``hv.Image``: lon/lat in degrees (not metres) and the value."""
+    radius = 6378137.0  # the spherical Web Mercator radius, metres
+    to_degrees = {
+        "$x": CustomJSHover(code=f"return (value / {radius} * 180 / Math.PI).toFixed(4)"),
+        "$y": CustomJSHover(code=f"return ((2 * Math.atan(Math.exp(value / {radius})) - Math.PI / 2) * 180 / Math.PI).toFixed(4)"),
+    }
+    return {
+        "tools": ["hover"],
+        "hover_tooltips": [("lon", "$x{custom}"), ("lat", "$y{custom}"), (label, "@image{0.000}")],
+        "hover_formatters": to_degrees,
+    }
 
 
 def mercator_raster(values: xr.DataArray) -> xr.DataArray:
@@ -417,9 +432,10 @@ class Dashboard:
         name = self._layer_variable(fit)
         _, cmap, logz = LAYERS[layer]
         units = fit.grid()[name].attrs.get("units", "")
-        return hv.Image(
-            fit.mercator_layer(name), kdims=["x", "y"], vdims=[hv.Dimension(name, label=f"{layer} [{units}]")]
-        ).opts(cmap=cmap, logz=logz, clim=tuple(clim), colorbar=True, alpha=0.85, tools=["hover"])
+        label = f"{layer} [{units}]"
+        return hv.Image(fit.mercator_layer(name), kdims=["x", "y"], vdims=[hv.Dimension(name, label=label)]).opts(
+            cmap=cmap, logz=logz, clim=tuple(clim), colorbar=True, alpha=0.85, **raster_hover(label)
+        )
 
     def _vector_layers(self, fit: Fit | None, quarter: str, overlays: list[str]) -> hv.Overlay:
         """Urban/rural tiles, observed tiles of the quarter, region outline (empty when hidden)."""
@@ -508,7 +524,7 @@ class Dashboard:
             cmap="RdBu_r" if signed else "viridis",
             symmetric=signed,
             colorbar=True,
-            tools=["hover"],
+            **raster_hover(label),
         )
         ref_x, ref_y = _TO_MERCATOR.transform(lon, lat)
         marker = hv.Points([(ref_x, ref_y)]).opts(color="red", marker="x", size=12, line_width=3)
