@@ -173,3 +173,17 @@ def test_resume_from_a_missing_or_corrupt_checkpoint_is_a_clear_error(toy, tmp_p
     bad.write_text("truncated")
     with pytest.raises(InputDataError, match="not a readable"):
         fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL, train_config=cfg, resume=bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fit_predicts_like_its_cpu_reload(toy, tmp_path):
+    X, y, Xv, yv = toy
+    reg = fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL,
+                     train_config=TrainConfig(epochs=2, progress=False, device="cuda"))
+    assert next(reg.model.parameters()).is_cuda
+    reg.save(tmp_path / "gpu.pt")
+    cpu = Regressor.load(tmp_path / "gpu.pt", device="cpu")
+    assert not next(cpu.model.parameters()).is_cuda
+    on_gpu, on_cpu = reg.predict(Xv), cpu.predict(Xv)
+    np.testing.assert_allclose(on_cpu.mean, on_gpu.mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(on_cpu.sd, on_gpu.sd, rtol=1e-4, atol=1e-5)
