@@ -39,7 +39,8 @@ from holoviews import streams
 from geodbk.dataset import SpatialDataset
 from geodbk.export import tile_predictions
 from geodbk.geomodel import GeoModel
-from geodbk.grids import Z95, open_grid
+from geodbk.grids import open_grid
+from geodbk.prediction import Z95
 from geodbk.workflow import RunFolder
 
 hv.extension("bokeh")

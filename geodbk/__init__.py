@@ -34,7 +34,7 @@ _EXPORTS = {
     "ModelConfig": "geodbk.models",
     "TrainConfig": "geodbk.train",
     "fit_arrays": "geodbk.train",
-    "Prediction": "geodbk.regressor",
+    "Prediction": "geodbk.prediction",
     "Regressor": "geodbk.regressor",
     "GeoModel": "geodbk.geomodel",
     "fit_dataset": "geodbk.geomodel",

@@ -21,7 +21,8 @@ import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
 from geodbk.errors import InputDataError
-from geodbk.grids import Z95, SpatialPredictor
+from geodbk.grids import SpatialPredictor
+from geodbk.prediction import Z95
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset import SpatialDataset

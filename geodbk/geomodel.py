@@ -16,7 +16,8 @@ import torch
 from geodbk.dataset import CoordinateTransform, SpatialDataset
 from geodbk.errors import InputDataError
 from geodbk.models.config import ModelConfig
-from geodbk.regressor import Prediction, Regressor, read_payload, write_payload
+from geodbk.prediction import Prediction
+from geodbk.regressor import Regressor, read_payload, write_payload
 from geodbk.train import TrainConfig, fit_arrays
 
 

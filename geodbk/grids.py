@@ -39,13 +39,12 @@ from shapely.geometry.base import BaseGeometry
 from tqdm.auto import tqdm
 
 from geodbk.errors import InputDataError, RegionError
+from geodbk.prediction import Z95
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset import SpatialDataset
     from geodbk.regions import Region
 
-#: Standard normal quantile of a central 95% interval.
-Z95 = 1.959964
 
 #: Cells predicted per block when ``chunk_rows`` is not given.
 DEFAULT_CELLS_PER_CHUNK = 1 << 18
@@ -670,7 +669,6 @@ def parse_refs(items: Sequence[str]) -> dict[str, tuple[float, float]]:
 
 
 __all__ = [
-    "Z95",
     "RegularGrid",
     "SpatialPredictor",
     "open_grid",

@@ -1,4 +1,4 @@
-"""A fitted model on plain arrays: :class:`Regressor` and its :class:`Prediction`.
+"""A fitted model on plain arrays: :class:`Regressor` (its outputs are :class:`Prediction`).
 
 The regressor owns the target standardisation: the network sees ``(y - y_mean) / y_std``
 and everything it returns is converted back to the original target units
@@ -19,56 +19,13 @@ from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.config import ModelConfig
 from geodbk.models.zoo import get_model_spec
-
-#: Two-sided 95% standard-normal quantile.
-Z95 = 1.959964
-
+from geodbk.prediction import Prediction
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` -> CUDA when available, else CPU; anything else -> ``torch.device(device)``."""
     if isinstance(device, str) and device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-@dataclass
-class Prediction:
-    """Gaussian predictive distribution N(mean, sd^2) per point, in target units.
-
-    Attributes:
-        mean: (n,) predictive mean.
-        sd: (n,) predictive standard deviation (function + observation noise).
-    """
-
-    mean: np.ndarray
-    sd: np.ndarray
-
-    @property
-    def var(self) -> np.ndarray:
-        """(n,) predictive variance sd^2."""
-        return self.sd**2
-
-    @property
-    def lower(self) -> np.ndarray:
-        """(n,) lower end of the 95% prediction interval."""
-        return self.mean - Z95 * self.sd
-
-    @property
-    def upper(self) -> np.ndarray:
-        """(n,) upper end of the 95% prediction interval."""
-        return self.mean + Z95 * self.sd
-
-    @property
-    def pi_width(self) -> np.ndarray:
-        """(n,) width of the 95% prediction interval, 2 * 1.959964 * sd."""
-        return 2.0 * Z95 * self.sd
-
-    def __len__(self) -> int:
-        return len(self.mean)
-
-    def subset(self, index: np.ndarray) -> "Prediction":
-        """The predictions at ``index`` (boolean mask or integer positions)."""
-        return Prediction(self.mean[index], self.sd[index])
 
 
 def as_inputs(X: Any, input_dim: int | None = None, name: str = "X") -> np.ndarray:

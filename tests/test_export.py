@@ -19,7 +19,8 @@ from geodbk.export import (
     write_tile_predictions,
     write_zarr,
 )
-from geodbk.grids import Z95, RegularGrid, open_grid, predict_grid
+from geodbk.grids import RegularGrid, open_grid, predict_grid
+from geodbk.prediction import Z95
 
 REGION = shapely.Point(-66.5, 18.2).buffer(0.3)
 
