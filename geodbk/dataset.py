@@ -1,18 +1,19 @@
-"""The spatial regression dataset: one row per (tile, quarter), inputs scaled to [-1, 1]^2.
+"""The spatial regression dataset: one row per (tile, quarter).
 
 ``build_dataset`` runs the ingest chain (read tiles -> select service and quarters -> clip
-to the region -> choose the target -> tag urban/rural -> scale -> split 8:1:1) and returns a
-:class:`SpatialDataset`, which saves to and loads from one GeoParquet file with all of its
-metadata in the file's key-value metadata (key ``geodbk``).
+to the region -> choose the target -> tag urban/rural -> split 8:1:1 by a protocol of
+:mod:`geodbk.splits`) and returns a :class:`SpatialDataset`, which saves to and loads from
+one GeoParquet file with all of its metadata in the file's key-value metadata (key
+``geodbk``). What a model sees of a row is decided by :class:`geodbk.inputs.InputSpace`.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import geopandas as gpd
 import numpy as np
@@ -21,11 +22,14 @@ import pyarrow.parquet as pq
 import shapely
 
 from geodbk import paths
+from geodbk.coords import CoordinateTransform, ProjectedTransform
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path
 from geodbk.ookla import SERVICES, as_tiles, read_tiles
 from geodbk.quadkey import quadkey_centres
 from geodbk.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
+from geodbk.inputs import parse_quarter_label
+from geodbk.splits import DEFAULT_BLOCK_M, assign_split
 from geodbk.urbanrural import tag_urban_rural
 
 #: target name -> (source column, divisor to the unit, unit)
@@ -35,55 +39,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "latency": ("avg_lat_ms", 1.0, "ms"),
 }
 SPLITS = ("train", "val", "test")
-#: Share of rows in train / val / test.
-SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 _METADATA_KEY = b"geodbk"
 _FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class CoordinateTransform:
-    """Affine map of a lon/lat bounding box onto ``[-1, 1]^2``.
-
-    Attributes:
-        west, south, east, north: the box, degrees (EPSG:4326).
-    """
-
-    west: float
-    south: float
-    east: float
-    north: float
-
-    def __post_init__(self) -> None:
-        if not (self.east > self.west and self.north > self.south):
-            raise InputDataError(f"degenerate bounding box {self.to_dict()}")
-
-    @classmethod
-    def from_bounds(cls, bounds: Iterable[float]) -> "CoordinateTransform":
-        """From ``(west, south, east, north)``."""
-        west, south, east, north = (float(v) for v in bounds)
-        return cls(west, south, east, north)
-
-    def to_unit(self, lonlat: np.ndarray) -> np.ndarray:
-        """``(n, 2)`` lon/lat degrees -> ``(n, 2)`` float64 coordinates, the box -> [-1, 1]^2."""
-        lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
-        lo = np.array([self.west, self.south])
-        span = np.array([self.east - self.west, self.north - self.south])
-        return 2.0 * (lonlat - lo) / span - 1.0
-
-    def to_lonlat(self, xy: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`to_unit`: ``(n, 2)`` scaled -> ``(n, 2)`` lon/lat degrees."""
-        xy = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
-        lo = np.array([self.west, self.south])
-        span = np.array([self.east - self.west, self.north - self.south])
-        return (xy + 1.0) / 2.0 * span + lo
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "CoordinateTransform":
-        return cls(float(d["west"]), float(d["south"]), float(d["east"]), float(d["north"]))
 
 
 @dataclass
@@ -92,17 +49,20 @@ class SpatialDataset:
 
     Attributes:
         frame: one row per (tile, quarter) with columns ``quadkey, year, quarter, service,
-            tests, devices, lon, lat`` (tile centre, degrees), ``x1, x2`` (scaled to [-1, 1]),
+            tests, devices, lon, lat`` (tile centre, degrees), ``x1, x2`` (scaled to [-1, 1]
+            by the region box: the paper protocol's inputs),
             ``value`` (target in ``units``), ``y`` (log10 value), ``urban_rural``, ``split``
             and ``geometry`` (tile polygon, EPSG:4326).
-        transform: lon/lat <-> scaled coordinates.
+        transform: lon/lat <-> ``x1, x2`` (the region's bounding box).
         region: the study region.
         target: ``"download"``, ``"upload"`` or ``"latency"``.
         units: ``"Mbps"`` or ``"ms"``.
         urban_route: the urban/rural route that tagged the rows.
         dropped: rows dropped on the way, by reason.
-        seed: seed of the train/val/test permutation.
+        seed: seed of the train/val/test assignment.
         buffer_deg: region buffer used when clipping, degrees.
+        split_protocol: how rows were split (:data:`geodbk.splits.SPLIT_PROTOCOLS`).
+        block_m: block side of the ``spatial-block`` protocol, metres.
     """
 
     frame: gpd.GeoDataFrame
@@ -114,6 +74,8 @@ class SpatialDataset:
     dropped: dict[str, int] = field(default_factory=dict)
     seed: int = 0
     buffer_deg: float = DEFAULT_BUFFER_DEG
+    split_protocol: str = "random"
+    block_m: float = DEFAULT_BLOCK_M
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -132,8 +94,24 @@ class SpatialDataset:
             raise InputDataError(f"split must be one of {SPLITS} or 'all', got {split!r}")
         return self.frame[self.frame["split"] == split]
 
+    def with_split(self, protocol: str, *, seed: int | None = None, block_m: float | None = None) -> "SpatialDataset":
+        """A copy with rows re-split by ``protocol`` (``random``, ``spatial-block``, ``forecast``).
+
+        ``spatial-block`` holds out whole squares of ``block_m`` metres (default 10 km) in an
+        equal-area projection centred on the tiles; ``forecast`` tests on the last quarter.
+        """
+        seed = self.seed if seed is None else seed
+        block_m = self.block_m if block_m is None else float(block_m)
+        frame = self.frame.copy()
+        frame["split"] = _split_rows(
+            frame[["lon", "lat"]].to_numpy(np.float64), frame["year"], frame["quarter"], protocol, seed, block_m
+        )
+        return replace(self, frame=frame, seed=seed, split_protocol=protocol, block_m=block_m)
+
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``X`` (n, 2) float64 scaled inputs, ``y`` (n,) log10 target, ``urban_rural`` (n,) str."""
+        """``X`` (n, 2) region-box inputs ``x1, x2`` (the paper protocol), ``y`` (n,) log10
+        target, ``urban_rural`` (n,) str. Map models build their inputs with
+        :class:`geodbk.inputs.InputSpace` instead."""
         rows = self.subset(split)
         X = rows[["x1", "x2"]].to_numpy(dtype=np.float64)
         y = rows["y"].to_numpy(dtype=np.float64)
@@ -145,8 +123,10 @@ class SpatialDataset:
         lines = [
             f"SpatialDataset: {self.region.name}, {self.target} ({self.units}), y = log10({self.target})",
             f"rows: {len(f):,} in {len(self.quarters)} quarter(s) "
-            f"{self.quarters[0]}..{self.quarters[-1]}; split 8:1:1 with seed {self.seed}",
-            "transform box (W S E N): " + " ".join(f"{v:.6f}" for v in self.transform.to_dict().values()),
+            f"{self.quarters[0]}..{self.quarters[-1]}; {self.split_protocol} split 8:1:1 with seed {self.seed}"
+            + (f" ({self.block_m / 1000:g} km blocks)" if self.split_protocol == "spatial-block" else ""),
+            "region box (W S E N): "
+            + " ".join(f"{v:.6f}" for v in (self.transform.west, self.transform.south, self.transform.east, self.transform.north)),
             f"urban/rural route: {self.urban_route}",
             "dropped: " + (", ".join(f"{k} {v:,}" for k, v in self.dropped.items()) or "none"),
         ]
@@ -195,6 +175,8 @@ class SpatialDataset:
             "dropped": {k: int(v) for k, v in self.dropped.items()},
             "seed": int(self.seed),
             "buffer_deg": float(self.buffer_deg),
+            "split_protocol": self.split_protocol,
+            "block_m": float(self.block_m),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -233,6 +215,8 @@ class SpatialDataset:
             dropped=dict(meta["dropped"]),
             seed=int(meta["seed"]),
             buffer_deg=float(meta["buffer_deg"]),
+            split_protocol=meta.get("split_protocol", "random"),
+            block_m=float(meta.get("block_m", DEFAULT_BLOCK_M)),
         )
 
 
@@ -243,29 +227,21 @@ def parse_quarters(quarters: str | Sequence[str | tuple[int, int]] | None) -> li
     items = quarters.split(",") if isinstance(quarters, str) else list(quarters)
     out = []
     for item in items:
-        if isinstance(item, tuple):
-            year, q = item
-        else:
-            text = str(item).strip().upper()
-            if len(text) != 6 or text[4] != "Q" or not text[:4].isdigit() or text[5] not in "1234":
-                raise InputDataError(f"bad quarter {item!r}: write it like 2023Q4")
-            year, q = int(text[:4]), int(text[5])
+        year, q = item if isinstance(item, tuple) else parse_quarter_label(str(item))
         out.append((int(year), int(q)))
     if not out:
         raise InputDataError("no quarters given")
     return out
 
 
-def split_labels(n: int, seed: int) -> np.ndarray:
-    """``(n,)`` array of "train"/"val"/"test" in proportion 8:1:1, from ``default_rng(seed)``."""
-    n_train = int(np.floor(SPLIT_FRACTIONS[0] * n))
-    n_val = int(np.floor(SPLIT_FRACTIONS[1] * n))
-    labels = np.empty(n, dtype=object)
-    order = np.random.default_rng(seed).permutation(n)
-    labels[order[:n_train]] = "train"
-    labels[order[n_train : n_train + n_val]] = "val"
-    labels[order[n_train + n_val :]] = "test"
-    return labels
+def _split_rows(
+    lonlat: np.ndarray, year: np.ndarray, quarter: np.ndarray, protocol: str, seed: int, block_m: float
+) -> np.ndarray:
+    """Split labels (n,) of rows at ``lonlat`` (n, 2) degrees in (year, quarter) by ``protocol``."""
+    xy_m = ProjectedTransform.from_lonlat(lonlat).to_metres(lonlat) if protocol == "spatial-block" else None
+    period = np.asarray(year, dtype=np.int64) * 4 + np.asarray(quarter, dtype=np.int64) - 1
+    labels = assign_split(protocol, n=len(lonlat), xy_m=xy_m, period=period, seed=seed, block_m=block_m)
+    return np.asarray(labels).astype(str)
 
 
 def _check_keys(tiles: pd.DataFrame) -> None:
@@ -285,6 +261,8 @@ def build_dataset(
     target: str = "download",
     quarters: str | Sequence[str | tuple[int, int]] | None = None,
     seed: int = 0,
+    split: str = "random",
+    block_m: float = DEFAULT_BLOCK_M,
     urban_areas: str | Path | gpd.GeoDataFrame | None = None,
     urban_threshold: float = 0.5,
     service: str | None = None,
@@ -298,7 +276,10 @@ def build_dataset(
         region: state name / USPS / FIPS, polygon file, or :class:`Region`.
         target: ``"download"`` (Mbps), ``"upload"`` (Mbps) or ``"latency"`` (ms).
         quarters: keep only these, e.g. ``"2023Q1,2023Q4"``; ``None`` keeps all.
-        seed: seed of the 8:1:1 train/val/test permutation.
+        seed: seed of the 8:1:1 train/val/test assignment.
+        split: ``"random"`` (rows; a tile's other quarters can land in train), ``"spatial-block"``
+            (whole ``block_m`` squares held out) or ``"forecast"`` (the last quarter is the test set).
+        block_m: block side of the spatial-block split, metres (10 km).
         urban_areas: Census Urban Area polygons; ``None`` uses the county urban share.
         urban_threshold: county route: urban when the county urban share >= this.
         service: keep only ``"mobile"`` or ``"fixed"`` tiles (``None``: all; it is an error
@@ -381,7 +362,7 @@ def build_dataset(
             "value": value,
             "y": np.log10(value),
             "urban_rural": tagged["urban_rural"].to_numpy(),
-            "split": split_labels(len(tagged), seed),
+            "split": _split_rows(lonlat, tagged["year"], tagged["quarter"], split, seed, block_m),
         },
         geometry=tagged.geometry.to_numpy(),
         crs=4326,
@@ -398,6 +379,8 @@ def build_dataset(
         dropped=dropped,
         seed=seed,
         buffer_deg=buffer_deg,
+        split_protocol=split,
+        block_m=float(block_m),
     )
 
 

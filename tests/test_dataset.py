@@ -14,10 +14,10 @@ from geodbk.dataset import (
     build_dataset,
     load_sample_dataset,
     parse_quarters,
-    split_labels,
 )
 from geodbk.errors import InputDataError, RegionError
 from geodbk.quadkey import quadkey_centres
+from geodbk.splits import random_split
 
 
 def test_coordinate_transform_maps_the_box_to_the_unit_square():
@@ -41,10 +41,10 @@ def test_parse_quarters():
 
 
 def test_split_is_8_1_1_and_seeded():
-    labels = split_labels(1001, seed=3)
+    labels = random_split(1001, seed=3)
     assert [(labels == s).sum() for s in ("train", "val", "test")] == [800, 100, 101]
-    assert (split_labels(1001, seed=3) == labels).all()
-    assert (split_labels(1001, seed=4) != labels).any()
+    assert (random_split(1001, seed=3) == labels).all()
+    assert (random_split(1001, seed=4) != labels).any()
 
 
 def test_dataset_columns_scaling_and_target(pr_dataset, pr_tiles_2023q4):
@@ -68,7 +68,8 @@ def test_dataset_columns_scaling_and_target(pr_dataset, pr_tiles_2023q4):
     assert xy.min() >= -1 and xy.max() <= 1
     np.testing.assert_allclose(pr_dataset.transform.to_lonlat(xy), f[["lon", "lat"]].to_numpy(), atol=1e-12)
     np.testing.assert_allclose(
-        list(pr_dataset.transform.to_dict().values()), np.array(pr_dataset.region.bounds) + [-0.01, -0.01, 0.01, 0.01]
+        [pr_dataset.transform.west, pr_dataset.transform.south, pr_dataset.transform.east, pr_dataset.transform.north],
+        np.array(pr_dataset.region.bounds) + [-0.01, -0.01, 0.01, 0.01],
     )
     # geometry = tile polygon containing the centre
     assert f.geometry.contains(gpd.GeoSeries(gpd.points_from_xy(f["lon"], f["lat"]), index=f.index, crs=4326)).all()
