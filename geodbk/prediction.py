@@ -15,15 +15,32 @@ Z95 = 1.959964
 
 @dataclass
 class Prediction:
-    """Gaussian predictive distribution N(mean, sd^2) per point, in target units.
+    """Gaussian predictive distributions per point, in target units.
+
+    Two distributions share the mean:
+
+    * the tile mean, N(mean, sd^2), sd^2 = var_f + sigma0^2: what a tile's speed is when
+      averaged over many tests; the map layers use it;
+    * a new measurement that averages the point's own k tests, N(mean, measurement_sd^2),
+      measurement_sd^2 = var_f + sigma0^2 + sigma1^2 / k: what a test tile's observed value
+      is scored against (:meth:`measurement`). Without test counts, or for a model with
+      homoscedastic noise, it is the tile-mean distribution.
 
     Attributes:
         mean: (n,) predictive mean.
-        sd: (n,) predictive standard deviation (function + observation noise).
+        sd: (n,) tile-mean predictive standard deviation (function + sigma0^2).
+        measurement_sd: (n,) standard deviation of a new k-test measurement, or ``None``.
     """
 
     mean: np.ndarray
     sd: np.ndarray
+    measurement_sd: np.ndarray | None = None
+
+    def measurement(self) -> "Prediction":
+        """The distribution of a new measurement with the points' test counts (sd = measurement_sd)."""
+        if self.measurement_sd is None:
+            return self
+        return Prediction(self.mean, self.measurement_sd)
 
     @property
     def var(self) -> np.ndarray:
@@ -50,4 +67,5 @@ class Prediction:
 
     def subset(self, index: np.ndarray) -> "Prediction":
         """The predictions at ``index`` (boolean mask or integer positions)."""
-        return Prediction(self.mean[index], self.sd[index])
+        extra = None if self.measurement_sd is None else self.measurement_sd[index]
+        return Prediction(self.mean[index], self.sd[index], extra)

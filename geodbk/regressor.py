@@ -7,6 +7,7 @@ and everything it returns is converted back to the original target units
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from geodbk.fileio import atomic_path
 from geodbk.models.config import ModelConfig
 from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import Prediction
+
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` -> CUDA when available, else CPU; anything else -> ``torch.device(device)``."""
@@ -69,7 +71,8 @@ class Regressor:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the model's tensors live (parameters, or buffers for closed-form kinds like knn)."""
+        return next(itertools.chain(self.model.parameters(), self.model.buffers())).device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -78,19 +81,38 @@ class Regressor:
     def _tensor(self, X: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(X, dtype=self.dtype, device=self.device)
 
+    @property
+    def has_kernel(self) -> bool:
+        """Whether the model has a prior kernel (GP kinds) for :meth:`kernel` and :meth:`prior_variance`."""
+        return bool(getattr(self.model, "has_kernel", False))
+
     @torch.no_grad()
-    def predict(self, X: np.ndarray, batch_size: int = 65536) -> Prediction:
-        """Predictive mean and sd at ``X`` (n, d), in batches of ``batch_size`` rows."""
+    def predict(self, X: np.ndarray, tests: np.ndarray | None = None, batch_size: int = 65536) -> Prediction:
+        """Predictive distributions at ``X`` (n, d), in batches of ``batch_size`` rows.
+
+        ``tests`` (n,), the speed tests behind a new measurement at each point, adds
+        ``measurement_sd`` to the result; the tile-mean ``sd`` never depends on it.
+        """
         X = as_inputs(X, self.input_dim)
+        counts = None
+        if tests is not None:
+            counts = np.asarray(tests, dtype=np.float64).reshape(-1)
+            if counts.shape != (len(X),) or not (np.isfinite(counts).all() and (counts >= 1).all()):
+                raise InputDataError(f"tests must be {len(X)} finite counts >= 1")
         self.model.eval()
-        means, sds = [], []
+        means, sds, measurement_sds = [], [], []
         for start in range(0, len(X), batch_size):
-            out = self.model(self._tensor(X[start : start + batch_size]))
+            rows = slice(start, start + batch_size)
+            out = self.model(self._tensor(X[rows]), None if counts is None else self._tensor(counts[rows]))
             means.append(out.mean.double().cpu().numpy())
-            sds.append(out.predictive_var.double().sqrt().cpu().numpy())
-        mean = np.concatenate(means) if means else np.empty(0)
-        sd = np.concatenate(sds) if sds else np.empty(0)
-        return Prediction(mean * self.y_std + self.y_mean, sd * self.y_std)
+            sds.append(out.tile_var.double().sqrt().cpu().numpy())
+            measurement_sds.append(out.predictive_var.double().sqrt().cpu().numpy())
+
+        def joined(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.empty(0)
+
+        measurement_sd = None if counts is None else joined(measurement_sds) * self.y_std
+        return Prediction(joined(means) * self.y_std + self.y_mean, joined(sds) * self.y_std, measurement_sd)
 
     @torch.no_grad()
     def kernel(self, X: np.ndarray, X_ref: np.ndarray, batch_size: int = 65536) -> np.ndarray:

@@ -91,15 +91,34 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
 
 
+def _test_counts(tests: Any, n: int, name: str) -> np.ndarray:
+    arr = np.asarray(tests, dtype=np.float64).reshape(-1)
+    if arr.shape[0] != n:
+        raise InputDataError(f"{name} has {arr.shape[0]} values but its inputs have {n} rows")
+    if not (np.isfinite(arr).all() and (arr >= 1).all()):
+        raise InputDataError(f"{name} must be finite test counts >= 1")
+    return arr
+
+
 @torch.no_grad()
-def _mean_nll(model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:
-    """Mean predictive NLL on the standardised scale."""
+def _mean_nll(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: int, tests: torch.Tensor | None = None
+) -> float:
+    """Mean predictive NLL on the standardised scale (of observations with ``tests`` counts)."""
     model.eval()
     total = 0.0
-    for xb, yb in zip(X.split(batch_size), y.split(batch_size)):
-        out = model(xb)
+    batches = zip(X.split(batch_size), y.split(batch_size), _row_batches(tests, len(y), batch_size))
+    for xb, yb, tb in batches:
+        out = model(xb, tb)
         total += float(gaussian_nll(yb, out.mean, out.predictive_var).sum())
     return total / len(y)
+
+
+def _row_batches(tests: torch.Tensor | None, n: int, batch_size: int) -> list:
+    """``tests`` split like the rows, or one ``None`` per batch."""
+    if tests is not None:
+        return list(tests.split(batch_size))
+    return [None] * math.ceil(n / batch_size)
 
 
 def fit_arrays(
@@ -109,6 +128,8 @@ def fit_arrays(
     X_val: np.ndarray,
     y_val: np.ndarray,
     *,
+    tests: np.ndarray | None = None,
+    tests_val: np.ndarray | None = None,
     model_config: ModelConfig | None = None,
     train_config: TrainConfig | None = None,
     resume: str | Path | None = None,
@@ -117,9 +138,11 @@ def fit_arrays(
 
     Args:
         kind: a registered name (:func:`geodbk.models.available_models`).
-        X: (n, d) training inputs (geodbk datasets: coordinates scaled to [-1, 1]).
+        X: (n, d) training inputs (geodbk datasets: see :class:`geodbk.inputs.InputSpace`).
         y: (n,) training targets in original units.
         X_val, y_val: validation inputs and targets for early stopping / checkpointing.
+        tests, tests_val: (n,) and (n_val,) speed tests behind each row, >= 1; required
+            when ``model_config.test_noise`` (the noise is then sigma0^2 + sigma1^2 / tests).
         model_config: architecture; defaults to :class:`ModelConfig()`.
         train_config: optimisation; defaults to :class:`TrainConfig()`.
         resume: a checkpoint to continue from; overrides ``train_config.resume_from``.
@@ -147,6 +170,8 @@ def fit_arrays(
     y_mean, y_std = float(y.mean()), float(y.std())
     if not y_std > 0:
         raise InputDataError("training targets are constant; nothing to fit")
+    if mcfg.test_noise and (tests is None or tests_val is None):
+        raise InputDataError("test_noise needs the test counts of the training and validation rows")
 
     device = resolve_device(tcfg.device)
     dtype = mcfg.torch_dtype
@@ -158,12 +183,35 @@ def fit_arrays(
 
     Xt, yt = tensor(X), tensor((y - y_mean) / y_std)
     Xv, yv = tensor(X_val), tensor((y_val - y_mean) / y_std)
+    counts = counts_val = None
+    if mcfg.test_noise:
+        counts, counts_val = tensor(_test_counts(tests, len(X), "tests")), tensor(_test_counts(tests_val, len(X_val), "tests_val"))
+    log_std = math.log(y_std)
+
+    def regressor(fitted: nn.Module, history: list[dict[str, float]], best_epoch: int) -> Regressor:
+        fitted.eval()
+        return Regressor(
+            kind=kind,
+            model=fitted,
+            model_config=mcfg,
+            input_dim=d,
+            y_mean=y_mean,
+            y_std=y_std,
+            history=history,
+            best_epoch=best_epoch,
+            train_config=tcfg.to_dict(),
+        )
+
+    if spec.fit is not None:
+        fitted = spec.fit(Xt, yt, Xv, yv, mcfg, tcfg).to(device)
+        val_nll = _mean_nll(fitted, Xv, yv, tcfg.eval_batch_size, counts_val) + log_std
+        return regressor(fitted, [{"epoch": 1, "loss": float("nan"), "val_nll": val_nll}], 1)
+
     if spec.prepare is not None and resume is None:
         spec.prepare(model, Xt, yt, Xv, yv, mcfg, tcfg)
     objective = spec.objective(tcfg)
     optimizer = make_optimizer(model, tcfg)
     generator = torch.Generator().manual_seed(tcfg.seed)
-    log_std = math.log(y_std)
 
     state = {"epoch": 0, "best_val_nll": math.inf, "best_epoch": 0, "wait": 0, "history": []}
     best_state = copy.deepcopy(model.state_dict())
@@ -186,9 +234,9 @@ def fit_arrays(
         leave=False,
     )
     for epoch in bar:
-        loss = train_epoch(model, objective, optimizer, Xt, yt, tcfg, spec.full_batch, generator)
-        objective.refresh(model, Xt, yt)
-        val_nll = _mean_nll(model, Xv, yv, tcfg.eval_batch_size) + log_std
+        loss = train_epoch(model, objective, optimizer, Xt, yt, tcfg, spec.full_batch, generator, counts)
+        objective.refresh(model, Xt, yt, counts)
+        val_nll = _mean_nll(model, Xv, yv, tcfg.eval_batch_size, counts_val) + log_std
         state["epoch"] = epoch + 1
         state["history"].append({"epoch": epoch + 1, "loss": loss, "val_nll": val_nll})
         if val_nll < state["best_val_nll"]:
@@ -216,18 +264,7 @@ def fit_arrays(
     bar.close()
 
     model.load_state_dict(best_state)
-    model.eval()
-    return Regressor(
-        kind=kind,
-        model=model,
-        model_config=mcfg,
-        input_dim=d,
-        y_mean=y_mean,
-        y_std=y_std,
-        history=list(state["history"]),
-        best_epoch=state["best_epoch"],
-        train_config=tcfg.to_dict(),
-    )
+    return regressor(model, list(state["history"]), state["best_epoch"])
 
 
 def train_epoch(
@@ -239,10 +276,12 @@ def train_epoch(
     cfg: TrainConfig,
     full_batch: bool,
     generator: torch.Generator,
+    tests: torch.Tensor | None = None,
 ) -> float:
     """One pass in shuffled mini-batches, or one full-batch step; returns the mean loss.
 
     Full-batch steps use all rows, or a random ``cfg.full_batch_max`` of them when more.
+    ``tests`` (n,) are the rows' test counts for a test-count noise model, or ``None``.
     """
     model.train()
     n = len(X)
@@ -252,8 +291,12 @@ def train_epoch(
         batches = torch.randperm(n, generator=generator).split(cfg.batch_size)
     total, count = 0.0, 0
     for idx in batches:
-        xb, yb = (X, y) if idx is None else (X[idx.to(X.device)], y[idx.to(X.device)])
-        loss = objective(model, xb, yb, n)
+        if idx is None:
+            xb, yb, tb = X, y, tests
+        else:
+            idx = idx.to(X.device)
+            xb, yb, tb = X[idx], y[idx], None if tests is None else tests[idx]
+        loss = objective(model, xb, yb, n, tb)
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"{objective.name} loss became {float(loss)}; try dtype='float64' or a lower lr"

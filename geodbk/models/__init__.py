@@ -26,5 +26,5 @@ __all__ = [
     "jittered_cholesky", "register_model", "unregister_model", "woodbury_log_marginal",
 ]
 
-# Related models from the literature register their zoo names on import (issue 6).
-from geodbk.models import related  # noqa: E402,F401
+# The knn baseline and the related models from the literature register their zoo names on import.
+from geodbk.models import knn, related  # noqa: E402,F401

@@ -7,7 +7,10 @@ q(w) = N(m, L L^T) over the basis weights. The objectives in
 
 Predictive distribution (O(r^2) per point after phi):
 ``mean = <m, phi(x)> + c``, ``var_f = ||L^T phi(x)||^2 (+ c(x))``,
-``predictive var = var_f + sigma^2``.
+``predictive var = var_f + sigma^2(k)``, where an observation that averages k speed tests
+has noise ``sigma^2(k) = sigma0^2 + sigma1^2 / k`` (:class:`Noise`; sigma1 = 0 unless the
+test-count term is on). The tile-mean distribution, the limit k -> infinity, is
+``var_f + sigma0^2``: the map layers use it, coverage on test tiles uses their own k.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ class GPOutput:
         mean: (n,) predictive mean.
         var_f: (n,) function variance; includes the residual c(x) for inducing-point
             models that carry it.
-        noise: () observation-noise variance sigma^2.
+        noise: () or (n,) noise variance of the batch's observations, sigma^2(k_i) for
+            their test counts k_i (sigma0^2 when no counts were given).
         phi: (n, r) basis values, ``None`` for the plain network.
         residual: (n,) Nystrom residual c(x) = k(x, x) - ||phi(x)||^2, or ``None``.
+        tile_noise: () or (n,) sigma0^2, the noise left as k -> infinity; ``None`` means
+            the same as ``noise``.
     """
 
     mean: torch.Tensor
@@ -38,11 +44,17 @@ class GPOutput:
     noise: torch.Tensor
     phi: torch.Tensor | None = None
     residual: torch.Tensor | None = None
+    tile_noise: torch.Tensor | None = None
 
     @property
     def predictive_var(self) -> torch.Tensor:
-        """(n,) var_f + sigma^2."""
+        """(n,) var_f + sigma^2(k): a new observation with the batch's test counts."""
         return self.var_f + self.noise
+
+    @property
+    def tile_var(self) -> torch.Tensor:
+        """(n,) var_f + sigma0^2: the tile-mean distribution (k -> infinity)."""
+        return self.var_f + (self.noise if self.tile_noise is None else self.tile_noise)
 
 
 class BasisMap(nn.Module):
@@ -63,25 +75,46 @@ def _inverse_softplus(value: float) -> float:
 
 
 class Noise(nn.Module):
-    """Homoscedastic noise variance ``sigma^2 = floor + softplus(raw)``.
+    """Noise variance of an observation that averages k tests: ``sigma0^2 + sigma1^2 / k``.
+
+    ``sigma0^2 = floor + softplus(raw)`` is what remains for a tile mean of many tests;
+    ``sigma1^2 = softplus(raw_per_test)`` is the variance of a single test about its tile
+    mean, present only with ``per_test=True`` (otherwise the noise is homoscedastic,
+    sigma^2 = sigma0^2, as in the paper).
 
     Args:
-        init: initial sigma^2 (1e-2 in the paper).
-        floor: lower bound on sigma^2 (1e-6 in the paper).
+        init: initial noise variance of a one-test observation (1e-2 in the paper); with
+            ``per_test`` it is split evenly between sigma0^2 and sigma1^2.
+        floor: lower bound on sigma0^2 (1e-6 in the paper).
+        per_test: learn the sigma1^2 / k term.
     """
 
-    def __init__(self, init: float = 1e-2, floor: float = 1e-6) -> None:
+    def __init__(self, init: float = 1e-2, floor: float = 1e-6, per_test: bool = False) -> None:
         super().__init__()
         if init <= floor:
             raise ValueError(f"noise init {init} must exceed the floor {floor}")
         self.floor = floor
-        self.raw = nn.Parameter(torch.tensor(_inverse_softplus(init - floor)))
+        self.per_test = per_test
+        tile_init = 0.5 * init if per_test else init
+        self.raw = nn.Parameter(torch.tensor(_inverse_softplus(max(tile_init - floor, 0.5 * tile_init))))
+        if per_test:
+            self.raw_per_test = nn.Parameter(torch.tensor(_inverse_softplus(0.5 * init)))
 
-    def forward(self) -> torch.Tensor:
-        return self.floor + nn.functional.softplus(self.raw)
+    def forward(self, tests: torch.Tensor | None = None) -> torch.Tensor:
+        """sigma^2(k): () without ``tests`` (k -> infinity) or homoscedastic, else (n,) for (n,) counts."""
+        tile = self.floor + nn.functional.softplus(self.raw)
+        if tests is None or not self.per_test:
+            return tile
+        return tile + self.per_test_variance() / tests
+
+    def per_test_variance(self) -> torch.Tensor:
+        """sigma1^2, the variance of one test about its tile mean (0 without the term): ()."""
+        if not self.per_test:
+            return self.raw.new_zeros(())
+        return nn.functional.softplus(self.raw_per_test)
 
     def set_(self, value: float) -> None:
-        """Set sigma^2 (clamped just above the floor)."""
+        """Set sigma0^2 (clamped just above the floor)."""
         with torch.no_grad():
             self.raw.fill_(_inverse_softplus(max(value - self.floor, 1e-12)))
 
@@ -95,6 +128,7 @@ class BasisGP(nn.Module):
             inducing-point expansion to var_f (the true SVGP / PPGP of SV-RBF, SV-DKL and
             PP-DKL). Requires an expansion with ``prior_variance``.
         noise_init, noise_floor: sigma^2 initial value and lower bound.
+        test_noise: learn the sigma1^2 / k test-count term of :class:`Noise`.
 
     q(w): m starts at 0; L is lower-triangular with diagonal exp(log_diag), log_diag
     initialised to -0.5 log r, and its r (r - 1) / 2 strictly-lower entries stored as a
@@ -108,6 +142,7 @@ class BasisGP(nn.Module):
         include_residual: bool = False,
         noise_init: float = 1e-2,
         noise_floor: float = 1e-6,
+        test_noise: bool = False,
     ) -> None:
         super().__init__()
         if include_residual and not hasattr(basis.expansion, "prior_variance"):
@@ -119,7 +154,7 @@ class BasisGP(nn.Module):
         self.basis = basis
         self.include_residual = include_residual
         self.constant_mean = nn.Parameter(torch.zeros(()))
-        self.noise = Noise(noise_init, noise_floor)
+        self.noise = Noise(noise_init, noise_floor, per_test=test_noise)
         self.variational_mean = nn.Parameter(torch.zeros(r))
         self.variational_log_diag = nn.Parameter(torch.full((r,), -0.5 * math.log(r)))
         self.variational_offdiag = nn.Parameter(torch.randn(r * (r - 1) // 2) / r)
@@ -136,7 +171,10 @@ class BasisGP(nn.Module):
         strict = self.variational_log_diag.new_zeros(self.rank, self.rank).index_put((rows, cols), self.variational_offdiag)
         return strict + torch.diag(self.variational_log_diag.exp())
 
-    def forward(self, x: torch.Tensor) -> GPOutput:
+    has_kernel = True
+
+    def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
+        """Outputs at ``x`` (n, d); ``tests`` (n,) test counts set the per-row noise."""
         g = self.basis.backbone(x)
         phi = self.basis.expansion(g)
         mean = phi @ self.variational_mean + self.constant_mean
@@ -145,7 +183,9 @@ class BasisGP(nn.Module):
         if self.include_residual:
             residual = (self.basis.expansion.prior_variance(g) - phi.pow(2).sum(-1)).clamp_min(0.0)
             var_f = var_f + residual
-        return GPOutput(mean=mean, var_f=var_f, noise=self.noise(), phi=phi, residual=residual)
+        return GPOutput(
+            mean=mean, var_f=var_f, noise=self.noise(tests), phi=phi, residual=residual, tile_noise=self.noise()
+        )
 
     def kl_divergence(self) -> torch.Tensor:
         """KL(N(m, L L^T) || N(0, I_r)) = 0.5 (||m||^2 + ||L||_F^2 - log|L L^T| - r)."""
@@ -186,8 +226,12 @@ class PointNetwork(nn.Module):
     """The DNN baseline: backbone + linear head, with a fitted homoscedastic noise.
 
     ``forward`` returns a :class:`GPOutput` with var_f = 0, so the predictive
-    distribution is N(head(g(x)), sigma^2).
+    distribution is N(head(g(x)), sigma^2). The noise stays homoscedastic: the MSE
+    objective sets sigma^2 to the training MSE and has no likelihood to learn a
+    test-count term from. It is not a GP and has no kernel (``has_kernel = False``).
     """
+
+    has_kernel = False
 
     def __init__(self, backbone: nn.Module, noise_init: float = 1e-2, noise_floor: float = 1e-6) -> None:
         super().__init__()
@@ -195,7 +239,7 @@ class PointNetwork(nn.Module):
         self.head = nn.Linear(backbone.output_dim, 1)
         self.noise = Noise(noise_init, noise_floor)
 
-    def forward(self, x: torch.Tensor) -> GPOutput:
+    def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
         mean = self.head(self.backbone(x)).squeeze(-1)
         return GPOutput(mean=mean, var_f=torch.zeros_like(mean), noise=self.noise())
 

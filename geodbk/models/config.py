@@ -25,6 +25,13 @@ class ModelConfig:
             and pp-dkl, whose ELBO barely moves sigma^2 up from 1e-2 in a short schedule.
         noise_floor: lower bound on sigma^2 (1e-6).
         jitter: relative jitter on K_ZZ; ``None`` = 1e-4 (float32) / 1e-6 (float64).
+        encoding_scales: wavelengths of the backbone's sinusoidal encoding of the first
+            two input columns (0 = no encoding, the paper's design). Every ResNet kind uses it.
+        encoding_min_wavelength, encoding_max_wavelength: its shortest and longest
+            wavelength in input units (maps set the shortest from metres, see
+            :func:`geodbk.geomodel.fit_dataset`).
+        test_noise: learn the noise sigma0^2 + sigma1^2 / tests (``tests`` = the number of
+            speed tests a row averages) instead of one sigma^2.
         options: kind-specific extras, read by the kind's builder (documented there).
     """
 
@@ -35,6 +42,10 @@ class ModelConfig:
     noise_init: float | None = None
     noise_floor: float = 1e-6
     jitter: float | None = None
+    encoding_scales: int = 0
+    encoding_min_wavelength: float = 0.01
+    encoding_max_wavelength: float = 4.0
+    test_noise: bool = False
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -42,6 +53,11 @@ class ModelConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.hidden < 1 or self.rank < 1:
             raise ValueError(f"hidden and rank must be positive, got {self.hidden}, {self.rank}")
+        if self.encoding_scales < 0 or not 0 < self.encoding_min_wavelength <= self.encoding_max_wavelength:
+            raise ValueError(
+                "encoding_scales must be >= 0 and 0 < encoding_min_wavelength <= encoding_max_wavelength, got "
+                f"{self.encoding_scales}, {self.encoding_min_wavelength}, {self.encoding_max_wavelength}"
+            )
 
     @classmethod
     def paper_size(cls, **overrides: Any) -> "ModelConfig":

@@ -1,7 +1,9 @@
 """Training objectives on the parameters of a :class:`~geodbk.models.basis_gp.BasisGP`.
 
 Every objective is a loss to *minimise*, on the per-datum scale (divided by the
-training size n), evaluated on a batch ``(x, y)`` of size b with targets standardised:
+training size n), evaluated on a batch ``(x, y)`` of size b with targets standardised, and
+optionally the rows' test counts ``tests`` (b,), which make s2 per row (see
+:class:`~geodbk.models.basis_gp.Noise`):
 
 =========  =================================================================================
 dPPGP      (1/b) sum -log N(y; mu, var_f + s2) + alpha (1/b) sum (k_b - ||phi||^2) / (2 s2)
@@ -9,7 +11,7 @@ dPPGP      (1/b) sum -log N(y; mu, var_f + s2) + alpha (1/b) sum (k_b - ||phi||^
 SVGP       (1/b) sum [-log N(y; mu, s2) + var_f / (2 s2)] + (beta / n) KL          (eq. 5)
 PPGP       (1/b) sum -log N(y; mu, var_f + s2) + (beta / n) KL                     (eq. 6)
 VBLL       the SVGP form on a basis without a residual (beta = 1)          (appendix B)
-exact MML  -(1/n) log N(y - c; 0, Phi Phi^T + s2 I) by Woodbury       (eq. 11), full batch
+exact MML  -(1/n) log N(y - c; 0, Phi Phi^T + D) by Woodbury, D = diag(s2)  (eq. 11), full batch
 MSE        (1/b) sum (y - mu)^2; s2 set to the training MSE after each epoch
 =========  =================================================================================
 
@@ -49,11 +51,13 @@ class Objective:
 
     name = "objective"
 
-    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:
-        """Loss for the batch ``x`` (b, d), ``y`` (b,) of a training set of size ``n``."""
+    def __call__(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Loss for the batch ``x`` (b, d), ``y`` (b,), ``tests`` (b,) or None, of a training set of size ``n``."""
         raise NotImplementedError
 
-    def refresh(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    def refresh(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None) -> None:
         """Update closed-form state from the training data before validation (default: none)."""
 
     def __repr__(self) -> str:
@@ -70,8 +74,8 @@ class DPPGP(Objective):
         self.alpha = alpha
         self.beta = beta
 
-    def __call__(self, model, x, y, n):
-        out = model(x)
+    def __call__(self, model, x, y, n, tests=None):
+        out = model(x, tests)
         nll = gaussian_nll(y, out.mean, out.predictive_var).mean()
         sq_norm = out.phi.pow(2).sum(-1)
         trace = ((sq_norm.max() - sq_norm) / (2.0 * out.noise)).mean()
@@ -86,8 +90,8 @@ class SVGPELBO(Objective):
     def __init__(self, beta: float = 1.0) -> None:
         self.beta = beta
 
-    def __call__(self, model, x, y, n):
-        out = model(x)
+    def __call__(self, model, x, y, n, tests=None):
+        out = model(x, tests)
         fit = gaussian_nll(y, out.mean, out.noise) + out.var_f / (2.0 * out.noise)
         return fit.mean() + (self.beta / n) * model.kl_divergence()
 
@@ -106,8 +110,8 @@ class PPGP(Objective):
     def __init__(self, beta: float = 0.01) -> None:
         self.beta = beta
 
-    def __call__(self, model, x, y, n):
-        out = model(x)
+    def __call__(self, model, x, y, n, tests=None):
+        out = model(x, tests)
         nll = gaussian_nll(y, out.mean, out.predictive_var).mean()
         return nll + (self.beta / n) * model.kl_divergence()
 
@@ -117,55 +121,56 @@ class MeanSquaredError(Objective):
 
     name = "MSE"
 
-    def __call__(self, model, x, y, n):
+    def __call__(self, model, x, y, n, tests=None):
         return (y - model(x).mean).pow(2).mean()
 
     @torch.no_grad()
-    def refresh(self, model, x, y, chunk_size: int = 65536):
+    def refresh(self, model, x, y, tests=None, chunk_size: int = 65536):
         sq = sum(float((yb - model(xb).mean).pow(2).sum()) for xb, yb in zip(x.split(chunk_size), y.split(chunk_size)))
         model.noise.set_(sq / len(y))
 
 
 def woodbury_log_marginal(phi: torch.Tensor, y: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """log N(y; 0, Phi Phi^T + sigma^2 I_n) in O(n r^2) (eq. 11).
+    """log N(y; 0, Phi Phi^T + D) in O(n r^2) (eq. 11), D = diag(noise).
 
-    With Lambda = Phi^T Phi + sigma^2 I_r = L_Lam L_Lam^T and v = L_Lam^{-1} Phi^T y:
-    ``-n/2 log 2pi - (n - r)/2 log sigma^2 - 1/2 log|Lambda| - ||y||^2 / (2 sigma^2)
-    + ||v||^2 / (2 sigma^2)``.
+    With Lambda = I_r + Phi^T D^{-1} Phi = L_Lam L_Lam^T and v = L_Lam^{-1} Phi^T D^{-1} y:
+    ``-n/2 log 2pi - 1/2 sum log d_i - 1/2 log|Lambda| - 1/2 y^T D^{-1} y + 1/2 ||v||^2``
+    (matrix determinant lemma and Woodbury identity).
 
     Args:
         phi: (n, r) basis values. y: (n,) targets (mean already subtracted).
-        noise: () sigma^2.
+        noise: () sigma^2, or (n,) per-row noise variances d_i.
     """
-    n, r = phi.shape
-    chol = torch.linalg.cholesky(_precision(phi, noise))
-    v = torch.linalg.solve_triangular(chol, (phi.T @ y).unsqueeze(-1), upper=False).squeeze(-1)
-    log_det = 2.0 * torch.log(torch.diagonal(chol)).sum()
-    return (
-        -0.5 * n * _LOG_2PI
-        - 0.5 * (n - r) * torch.log(noise)
-        - 0.5 * log_det
-        - (y.pow(2).sum() - v.pow(2).sum()) / (2.0 * noise)
-    )
+    n = phi.shape[0]
+    d = noise.expand(n)
+    chol, v = _precision_terms(phi, y, d)
+    log_det = 2.0 * torch.log(torch.diagonal(chol)).sum() + torch.log(d).sum()
+    return -0.5 * n * _LOG_2PI - 0.5 * log_det - 0.5 * ((y * y / d).sum() - v.pow(2).sum())
 
 
 def exact_posterior(phi: torch.Tensor, y: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Closed-form weight posterior w | y ~ N(Lambda^{-1} Phi^T y, sigma^2 Lambda^{-1}) (eq. 10).
+    """Closed-form weight posterior w | y ~ N(Lambda^{-1} Phi^T D^{-1} y, Lambda^{-1}) (eq. 10).
+
+    Lambda = I_r + Phi^T D^{-1} Phi; ``noise`` is () sigma^2 or (n,) diag(D).
 
     Returns:
-        (mean (r,), lower Cholesky factor (r, r) of the covariance sigma^2 Lambda^{-1}).
+        (mean (r,), lower Cholesky factor (r, r) of the covariance Lambda^{-1}).
     """
-    chol = torch.linalg.cholesky(_precision(phi, noise))
-    mean = torch.cholesky_solve((phi.T @ y).unsqueeze(-1), chol).squeeze(-1)
-    cov = noise * torch.cholesky_inverse(chol)
+    chol, v = _precision_terms(phi, y, noise.expand(phi.shape[0]))
+    mean = torch.linalg.solve_triangular(chol.T, v.unsqueeze(-1), upper=True).squeeze(-1)
+    cov = torch.cholesky_inverse(chol)
     cov = 0.5 * (cov + cov.T)
     jitter = 1e-10 if cov.dtype == torch.float64 else 1e-7
     return mean, jittered_cholesky(cov, jitter * float(torch.diagonal(cov).mean()))
 
 
-def _precision(phi: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def _precision_terms(phi: torch.Tensor, y: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cholesky factor of Lambda = I + Phi^T D^{-1} Phi, (r, r), and v = L^{-1} Phi^T D^{-1} y, (r,)."""
+    scaled = phi / d.unsqueeze(-1)
     eye = torch.eye(phi.shape[1], dtype=phi.dtype, device=phi.device)
-    return phi.T @ phi + noise * eye
+    chol = torch.linalg.cholesky(eye + scaled.T @ phi)
+    v = torch.linalg.solve_triangular(chol, (scaled.T @ y).unsqueeze(-1), upper=False).squeeze(-1)
+    return chol, v
 
 
 class ExactMarginalLikelihood(Objective):
@@ -182,12 +187,12 @@ class ExactMarginalLikelihood(Objective):
     def __init__(self, chunk_size: int = 65536) -> None:
         self.chunk_size = chunk_size
 
-    def __call__(self, model, x, y, n):
+    def __call__(self, model, x, y, n, tests=None):
         phi = model.basis(x)
-        return -woodbury_log_marginal(phi, y - model.constant_mean, model.noise()) / y.shape[0]
+        return -woodbury_log_marginal(phi, y - model.constant_mean, model.noise(tests)) / y.shape[0]
 
     @torch.no_grad()
-    def refresh(self, model, x, y):
+    def refresh(self, model, x, y, tests=None):
         phi = torch.cat([model.basis(chunk) for chunk in x.split(self.chunk_size)])
-        mean, factor = exact_posterior(phi, y - model.constant_mean, model.noise())
+        mean, factor = exact_posterior(phi, y - model.constant_mean, model.noise(tests))
         model.set_posterior(mean, factor)

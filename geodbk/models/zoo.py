@@ -1,8 +1,10 @@
 """The model zoo: a registry from a model name to how to build and train it.
 
 A :class:`ModelSpec` pairs a builder (input dimension + :class:`ModelConfig` -> module
-whose ``forward`` returns a :class:`~geodbk.models.basis_gp.GPOutput`) with an objective
-factory (train settings -> :class:`~geodbk.models.objectives.Objective`).
+whose ``forward(x, tests=None)`` returns a :class:`~geodbk.models.basis_gp.GPOutput`) with
+an objective factory (train settings -> :class:`~geodbk.models.objectives.Objective`), or,
+for closed-form kinds such as ``knn``, with a ``fit`` function that replaces the gradient
+loop. Models declare whether they have a kernel with the class attribute ``has_kernel``.
 
 Registering a new kind is one call, e.g. from another module::
 
@@ -24,7 +26,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from geodbk.models.backbone import IdentityBackbone, ResNetBackbone
+from geodbk.models.backbone import IdentityBackbone, ResNetBackbone, SinusoidalEncoding
 from geodbk.models.basis_gp import BasisGP, BasisMap, PointNetwork
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion
@@ -46,19 +48,27 @@ class ModelSpec:
     Attributes:
         build: ``(input_dim, model_config) -> nn.Module``.
         objective: ``(train_config) -> Objective``; reads e.g. ``alpha`` and ``beta``.
+            ``None`` for kinds fitted in closed form by ``fit``.
         description: one line for listings.
         full_batch: the objective needs the whole training set per step (exact MML).
         prepare: optional ``(model, X, y, X_val, y_val, model_config, train_config) -> None``
             run once on the freshly built model, with the standardised training and
             validation tensors, before the optimiser is made (not when resuming); e.g.
             VaLLA fits and freezes its mean network here.
+        fit: optional ``(X, y, X_val, y_val, model_config, train_config) -> nn.Module`` on
+            the standardised tensors: a closed-form fit that replaces the gradient loop.
     """
 
     build: Callable[[int, ModelConfig], nn.Module]
-    objective: Callable[[Any], Objective]
+    objective: Callable[[Any], Objective] | None
     description: str = ""
     full_batch: bool = False
     prepare: Callable[..., None] | None = None
+    fit: Callable[..., nn.Module] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.objective is None) == (self.fit is None):
+            raise ValueError("a ModelSpec needs exactly one of objective (gradient training) and fit (closed form)")
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -101,7 +111,14 @@ def available_models() -> list[str]:
 
 # --- builders ---------------------------------------------------------------------------------
 def resnet(input_dim: int, cfg: ModelConfig) -> ResNetBackbone:
-    return ResNetBackbone(input_dim, cfg.hidden, cfg.n_blocks)
+    """The ResNet backbone of every deep kind, behind the sinusoidal encoding when
+    ``cfg.encoding_scales > 0`` (so comparisons between kinds stay fair)."""
+    encoding = None
+    if cfg.encoding_scales > 0:
+        encoding = SinusoidalEncoding(
+            input_dim, cfg.encoding_scales, cfg.encoding_min_wavelength, cfg.encoding_max_wavelength
+        )
+    return ResNetBackbone(input_dim, cfg.hidden, cfg.n_blocks, encoding)
 
 
 def deep_rbf_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
@@ -134,6 +151,7 @@ def _gp(basis_builder: Callable[[int, ModelConfig], BasisMap], *, include_residu
             include_residual=include_residual,
             noise_init=cfg.noise_init_or(kind_noise),
             noise_floor=cfg.noise_floor,
+            test_noise=cfg.test_noise,
         )
 
     return build

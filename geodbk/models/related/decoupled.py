@@ -49,6 +49,8 @@ class DecoupledSVGP(nn.Module):
     q(u_bar): m_bar = 0, L_S = I at initialisation.
     """
 
+    has_kernel = True
+
     def __init__(
         self,
         input_dim: int,
@@ -114,7 +116,7 @@ class DecoupledSVGP(nn.Module):
         return {"chol_q": chol_q, "chol_k": chol_k, "phi_q": phi_q, "a_k": a_k, "ktilde": ktilde}
 
     # --- model -----------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor) -> GPOutput:
+    def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
         return self._output(self._terms(x))
 
     def _output(self, t: dict[str, torch.Tensor]) -> GPOutput:
@@ -184,7 +186,7 @@ class DecoupledELBO(Objective):
     def name(self) -> str:  # type: ignore[override]
         return "DCPPGP" if self.predictive else "DCSVGP"
 
-    def __call__(self, model, x, y, n):
+    def __call__(self, model, x, y, n, tests=None):
         out, kl, omega = model.loss_terms(x)
         if self.predictive:
             fit = gaussian_nll(y, out.mean, out.predictive_var)

@@ -207,7 +207,7 @@ class EmbeddingExactMML(ExactMarginalLikelihood):
     """
 
     @torch.no_grad()
-    def refresh(self, model, x, y):
+    def refresh(self, model, x, y, tests=None):
         embedding = model.basis.backbone
         was_training = model.training
         model.eval()
@@ -215,5 +215,5 @@ class EmbeddingExactMML(ExactMarginalLikelihood):
             raw = torch.cat([embedding.project(embedding.backbone(c)) for c in x.split(self.chunk_size)])
             embedding.standardize.running_mean.copy_(raw.mean(0))
             embedding.standardize.running_var.copy_(raw.var(0, unbiased=False))
-        super().refresh(model, x, y)
+        super().refresh(model, x, y, tests)
         model.train(was_training)

@@ -63,16 +63,24 @@ class CorrectedBasisGP(BasisGP):
     Args:
         basis: the basis map phi.
         correct: apply the correction at prediction (``False`` = the paper's "-c" ablation).
-        noise_init, noise_floor: sigma^2 initial value and lower bound.
+        noise_init, noise_floor, test_noise: as for :class:`BasisGP`.
     """
 
-    def __init__(self, basis: BasisMap, *, correct: bool = True, noise_init: float = 1e-2, noise_floor: float = 1e-6) -> None:
-        super().__init__(basis, noise_init=noise_init, noise_floor=noise_floor)
+    def __init__(
+        self,
+        basis: BasisMap,
+        *,
+        correct: bool = True,
+        noise_init: float = 1e-2,
+        noise_floor: float = 1e-6,
+        test_noise: bool = False,
+    ) -> None:
+        super().__init__(basis, noise_init=noise_init, noise_floor=noise_floor, test_noise=test_noise)
         self.correct = correct
         self.register_buffer("max_train_sq_norm", torch.zeros(()))
 
-    def forward(self, x: torch.Tensor) -> GPOutput:
-        out = super().forward(x)
+    def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
+        out = super().forward(x, tests)
         if self.correct and not self.training:
             sq_norm = out.phi.pow(2).sum(-1)
             correction = torch.clamp(self.max_train_sq_norm - sq_norm, min=0.0)
@@ -103,8 +111,8 @@ class SVDBKELBO(Objective):
         self.trace = trace
         self.chunk_size = chunk_size
 
-    def __call__(self, model, x, y, n):
-        out = model(x)
+    def __call__(self, model, x, y, n, tests=None):
+        out = model(x, tests)
         fit = gaussian_nll(y, out.mean, out.noise) + out.var_f / (2.0 * out.noise)
         loss = fit.mean() + model.kl_divergence() / n
         if self.trace:
@@ -112,5 +120,5 @@ class SVDBKELBO(Objective):
             loss = loss + ((sq_norm.max() - sq_norm) / (2.0 * out.noise)).mean()
         return loss
 
-    def refresh(self, model, x, y):
+    def refresh(self, model, x, y, tests=None):
         model.set_max_train_sq_norm(x, self.chunk_size)

@@ -51,6 +51,8 @@ class LastLayerVaLLA(nn.Module):
     features of the prior kernel) and whose ``var_f`` is K*(x, x).
     """
 
+    has_kernel = True
+
     def __init__(self, network: PointNetwork, num_inducing: int, noise_init: float = 1e-2, noise_floor: float = 1e-6) -> None:
         super().__init__()
         self.network = network
@@ -94,7 +96,7 @@ class LastLayerVaLLA(nn.Module):
         chol = jittered_cholesky(eye + lt_g @ lt_g.T, jitter)
         return chol, torch.linalg.solve_triangular(chol, lt_g, upper=False)
 
-    def forward(self, x: torch.Tensor) -> GPOutput:
+    def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
         with torch.no_grad():
             mean = self.network(x).mean
         phi = self.features(x)
@@ -130,8 +132,8 @@ class BlackBoxAlpha(Objective):
             raise ValueError(f"alpha must be positive, got {alpha}")
         self.alpha = alpha
 
-    def __call__(self, model, x, y, n):
-        out = model(x)
+    def __call__(self, model, x, y, n, tests=None):
+        out = model(x, tests)
         a, s2 = self.alpha, out.noise
         log_c = 0.5 * (_LOG_2PI + torch.log(s2) - math.log(a)) - 0.5 * a * (_LOG_2PI + torch.log(s2))
         energy = (-gaussian_nll(y, out.mean, out.var_f + s2 / a) + log_c) / a

@@ -45,7 +45,10 @@ from geodbk.models.zoo import DBK_NOISE_INIT, GPYTORCH_NOISE_INIT, ModelSpec, re
 def build_svdbk(input_dim: int, cfg: ModelConfig, *, correct: bool = True) -> CorrectedBasisGP:
     """ResNet + linear r-dim basis with q(w) = N(m, LL^T) and the DBK variance correction."""
     basis = BasisMap(resnet(input_dim, cfg), LinearExpansion(cfg.hidden, cfg.rank))
-    return CorrectedBasisGP(basis, correct=correct, noise_init=cfg.noise_init_or(DBK_NOISE_INIT), noise_floor=cfg.noise_floor)
+    return CorrectedBasisGP(
+        basis, correct=correct, noise_init=cfg.noise_init_or(DBK_NOISE_INIT), noise_floor=cfg.noise_floor,
+        test_noise=cfg.test_noise,
+    )
 
 
 def build_dfgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
@@ -55,7 +58,7 @@ def build_dfgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
         embed, int(cfg.options.get("n_features", 40)), seed=int(cfg.options.get("feature_seed", 0))
     )
     basis = BasisMap(StandardizedEmbedding(resnet(input_dim, cfg), embed), expansion)
-    return BasisGP(basis, noise_init=cfg.noise_init_or(1.0), noise_floor=cfg.noise_floor)
+    return BasisGP(basis, noise_init=cfg.noise_init_or(1.0), noise_floor=cfg.noise_floor, test_noise=cfg.test_noise)
 
 
 def build_dmgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
@@ -63,7 +66,7 @@ def build_dmgp(input_dim: int, cfg: ModelConfig) -> BasisGP:
     embed = int(cfg.options.get("embed_dim", 1))
     expansion = MercerExpansion(embed, int(cfg.options.get("per_dim", 15)))
     basis = BasisMap(StandardizedEmbedding(resnet(input_dim, cfg), embed), expansion)
-    return BasisGP(basis, noise_init=cfg.noise_init_or(1.0), noise_floor=cfg.noise_floor)
+    return BasisGP(basis, noise_init=cfg.noise_init_or(1.0), noise_floor=cfg.noise_floor, test_noise=cfg.test_noise)
 
 
 def build_dcsvgp(input_dim: int, cfg: ModelConfig) -> DecoupledSVGP:
