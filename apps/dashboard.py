@@ -106,8 +106,9 @@ def _mercator_layer(path: str, stamp: float, variable: str) -> xr.DataArray:
 @pn.cache(max_items=16)
 def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float]) -> np.ndarray:
     """k(x, x) at the grid cells inside the region."""
-    lonlat, _ = grid_cells_lonlat(_load_grid(grid_path, stamp[1]))
-    return _load_model(model_path, stamp[0]).prior_variance(lonlat)
+    grid = _load_grid(grid_path, stamp[1])
+    lonlat, _ = grid_cells_lonlat(grid)
+    return _load_model(model_path, stamp[0]).prior_variance(lonlat, grid.attrs.get("quarter"))
 
 
 @pn.cache(max_items=16)
@@ -498,22 +499,22 @@ class Dashboard:
         grid = fit.grid()
         lon, lat = default_reference(fit, grid) if x is None or y is None else mercator_to_lonlat(x, y)
         model = fit.model()
-        pred = model.predict(np.array([[lon, lat]]))
+        quarter = grid.attrs.get("quarter")  # the quarter the raster shows (absent: a time-free model)
+        pred = model.predict(np.array([[lon, lat]]), quarter)
         mean, sd = float(pred.mean[0]), float(pred.sd[0])
         density = pn.pane.HoloViews(self._density(fit, mean, sd), css_classes=["geodbk-density"])
-        lonlat, inside = grid_cells_lonlat(grid)
-        values = np.full(inside.shape, np.nan, dtype=np.float64)
-        try:
-            values[inside] = model.kernel_slice(lonlat, np.array([[lon, lat]]))[:, 0]
-        except (TypeError, NotImplementedError) as err:  # e.g. the dnn baseline has no kernel
+        if not model.has_kernel:  # the knn and dnn baselines
             return pn.Column(
                 self._reference_pane(fit, lon, lat, mean, sd, kind, None),
-                pn.pane.Alert(f"{fit.kind} has no kernel to slice: {err}", alert_type="secondary", width=SIDE_WIDTH),
+                pn.pane.Alert(f"{fit.kind} is not a GP: it has no kernel to slice", alert_type="secondary", width=SIDE_WIDTH),
                 density,
             )
+        lonlat, inside = grid_cells_lonlat(grid)
+        values = np.full(inside.shape, np.nan, dtype=np.float64)
+        values[inside] = model.kernel_slice(lonlat, np.array([[lon, lat]]), quarter)[:, 0]
         units = f"log10({fit.dataset().units})²"
         if kind == "correlation":
-            k_ref = float(model.kernel_slice(np.array([[lon, lat]]), np.array([[lon, lat]]))[0, 0])
+            k_ref = float(model.kernel_slice(np.array([[lon, lat]]), np.array([[lon, lat]]), quarter)[0, 0])
             values[inside] /= np.sqrt(np.clip(fit.prior_variance() * k_ref, 1e-30, None))
             label, title = "ρ(x, x_ref)", f"correlation with ({lon:.4f}, {lat:.4f})"
         else:

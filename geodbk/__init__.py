@@ -26,7 +26,9 @@ _EXPORTS = {
     "clip_to_region": "geodbk.regions",
     "tag_urban_rural": "geodbk.urbanrural",
     # dataset
-    "CoordinateTransform": "geodbk.dataset",
+    "CoordinateTransform": "geodbk.coords",
+    "ProjectedTransform": "geodbk.coords",
+    "InputSpace": "geodbk.inputs",
     "SpatialDataset": "geodbk.dataset",
     "build_dataset": "geodbk.dataset",
     "load_sample_dataset": "geodbk.dataset",
@@ -39,6 +41,7 @@ _EXPORTS = {
     "GeoModel": "geodbk.geomodel",
     "fit_dataset": "geodbk.geomodel",
     "evaluate": "geodbk.metrics",
+    "ExtrapolationWarning": "geodbk.errors",
     # grids and export
     "predict_grid": "geodbk.grids",
     "predict_region": "geodbk.grids",

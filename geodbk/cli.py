@@ -35,7 +35,7 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
                    help="county route: urban when the county urban population share >= this")
     p.add_argument("--buffer", type=float, default=None, metavar="DEG",
                    help="grow the region polygon by this many degrees before clipping (default 0.01)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the 8:1:1 split")
+    _add_split_options(p)
     p.add_argument("--cache-dir", help="download cache folder")
     p.add_argument("--out", metavar="PATH", help="write the dataset here (GeoParquet)")
     p.set_defaults(handler=_run_ingest)
@@ -63,6 +63,8 @@ def _run_ingest(args: argparse.Namespace) -> int:
         target=args.target,
         quarters=args.quarters,
         seed=args.seed,
+        split=args.split or "random",
+        block_m=1000.0 * args.block_km,
         urban_areas=args.urban_areas,
         urban_threshold=args.urban_threshold,
         service=args.service,
@@ -75,6 +77,16 @@ def _run_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_split_options(p: argparse.ArgumentParser, *, keep: bool = False) -> None:
+    default = "the dataset's own split" if keep else "random"
+    p.add_argument("--split", choices=("random", "spatial-block", "forecast"),
+                   help=f"train/val/test protocol (default: {default}). random: 8:1:1 over (tile, quarter) rows, "
+                   "so a test tile's other quarters can be in training (optimistic); spatial-block: whole "
+                   "blocks of --block-km held out (unseen places); forecast: test on the last quarter")
+    p.add_argument("--block-km", type=float, default=10.0, help="block side of the spatial-block split, km (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split (and of the fits) (default 0)")
+
+
 # --- fit --------------------------------------------------------------------------------
 def _add_fit(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -84,18 +96,29 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
             "Fit one or more model kinds to a dataset file (written by `geodbk ingest` or the demo) on its "
             "train split, keep the weights with the best validation NLL, and write RUN/models/<kind>.pt "
             "and RUN/metrics.csv/json (test-split metrics overall, urban and rural; y = log10 value). "
-            "Rows of models fitted earlier into the same RUN are kept. CPU-sized defaults (the three "
-            "default models on the full Puerto Rico sample in minutes on 2 cores): h=64, r=128, 30 epochs, "
+            "Rows of models fitted earlier into the same RUN are kept. The default space-time protocol "
+            "feeds the models equal-area coordinates scaled by the data's extent plus time in years, with "
+            "a positional encoding and noise sigma0^2 + sigma1^2/tests; --protocol paper replicates the "
+            "paper (region-box coordinates, no time, one noise). CPU-sized defaults (the default models "
+            "on the full Puerto Rico sample in minutes on 2 cores): h=64, r=128, 30 epochs, "
             "lr 1e-2; --paper-size: the paper's h=256, r=1024, 400 epochs, lr 1e-3 (explicit flags win)."
         ),
-        epilog="example: geodbk fit --dataset outputs/demo/dataset.parquet --models dbk-rbf,sv-rbf,sv-dkl "
-        "--epochs 30 --out runs/pr",
+        epilog="example: geodbk fit --dataset outputs/demo/dataset.parquet --models dbk-rbf,knn "
+        "--split spatial-block --out runs/pr-blocks",
     )
     p.add_argument("--dataset", required=True, metavar="PATH", help="dataset file (GeoParquet from geodbk)")
     p.add_argument("--out", required=True, metavar="RUN", help="run folder to write")
-    p.add_argument("--models", default="dbk-rbf,sv-rbf,sv-dkl",
-                   help="comma-separated model kinds (default dbk-rbf,sv-rbf,sv-dkl); known: dbk-rbf, "
-                   "dbk-silu, exact-dbk, sv-rbf, sv-dkl, pp-dkl, vbll, dnn and registered extras")
+    p.add_argument("--models", default="dbk-rbf,sv-rbf,sv-dkl,knn",
+                   help="comma-separated model kinds (default dbk-rbf,sv-rbf,sv-dkl,knn); known: dbk-rbf, "
+                   "dbk-silu, exact-dbk, sv-rbf, sv-dkl, pp-dkl, vbll, dnn, knn and registered extras")
+    p.add_argument("--protocol", choices=("space-time", "paper"), default="space-time",
+                   help="model inputs (default space-time; paper: region box, no time, one noise)")
+    p.add_argument("--no-test-noise", action="store_true",
+                   help="one noise variance instead of sigma0^2 + sigma1^2/tests (space-time protocol)")
+    p.add_argument("--encoding-scales", type=int,
+                   help="wavelengths of the positional encoding (default 8; 0 = none; paper protocol: 0)")
+    p.add_argument("--min-wavelength", type=float, default=None, metavar="METRES",
+                   help="shortest positional-encoding wavelength, metres (default 1000, about 2 tiles)")
     p.add_argument("--epochs", type=int, help="maximum training epochs (default 30; 400 with --paper-size)")
     p.add_argument("--hidden", type=int, help="backbone width h (default 64; 256 with --paper-size)")
     p.add_argument("--rank", type=int, help="basis rank / inducing points r (default 128; 1024 with --paper-size)")
@@ -106,7 +129,7 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    help="stop after this many epochs without a better validation NLL (default 50)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="default float32")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and batch order")
+    _add_split_options(p, keep=True)
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(handler=_run_fit)
 
@@ -119,9 +142,9 @@ def _run_fit(args: argparse.Namespace) -> int:
 
     from geodbk.dataset import SpatialDataset
     from geodbk.errors import InputDataError
-    from geodbk.geomodel import fit_dataset
+    from geodbk.geomodel import MIN_WAVELENGTH_M, fit_dataset, map_model_config
     from geodbk.metrics import format_metrics_table, metrics_table, save_metrics
-    from geodbk.models import ModelConfig, available_models
+    from geodbk.models import available_models
     from geodbk.train import TrainConfig
     from geodbk.workflow import RunFolder, evaluate_on_test
 
@@ -135,9 +158,17 @@ def _run_fit(args: argparse.Namespace) -> int:
             raise InputDataError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.lr is not None and not args.lr > 0:
         raise InputDataError(f"--lr must be positive, got {args.lr}")
+    if args.encoding_scales is not None and args.encoding_scales < 0:
+        raise InputDataError(f"--encoding-scales must be >= 0, got {args.encoding_scales}")
+    if args.min_wavelength is not None and not args.min_wavelength > 0:
+        raise InputDataError(f"--min-wavelength must be positive metres, got {args.min_wavelength}")
     size = {"hidden": 256, "rank": 1024} if args.paper_size else {}
     size.update({k: getattr(args, k) for k in ("hidden", "rank") if getattr(args, k) is not None})
-    model_config = ModelConfig(dtype=args.dtype, **size)
+    if args.encoding_scales is not None:
+        size["encoding_scales"] = args.encoding_scales
+    if args.no_test_noise:
+        size["test_noise"] = False
+    model_config = map_model_config(args.protocol, dtype=args.dtype, **size)
     train_config = TrainConfig(
         epochs=args.epochs or (400 if args.paper_size else 30),
         batch_size=args.batch_size,
@@ -148,13 +179,20 @@ def _run_fit(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     dataset = SpatialDataset.load(args.dataset)
+    if args.split is not None:
+        dataset = dataset.with_split(args.split, seed=args.seed, block_m=1000.0 * args.block_km)
     run = RunFolder(Path(args.out))
     if not run.dataset.exists():
         dataset.save(run.dataset)
+    print(f"{args.protocol} protocol, {dataset.split_protocol} split: "
+          + ", ".join(f"{s} {int((dataset.frame['split'] == s).sum()):,}" for s in ("train", "val", "test")))
     results = {}
     for kind in kinds:
         start = time.perf_counter()
-        model = fit_dataset(dataset, kind, model_config=model_config, train_config=train_config)
+        model = fit_dataset(
+            dataset, kind, protocol=args.protocol, model_config=model_config, train_config=train_config,
+            min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength,
+        )
         model.save(run.model(kind))
         results[kind] = evaluate_on_test(model, dataset)
         print(f"{kind}: best epoch {model.regressor.best_epoch}/{len(model.regressor.history)}, "
@@ -196,6 +234,10 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", metavar="PATH",
                    help="dataset (RUN/dataset.parquet) to choose urban, rural and wildland reference "
                    "points automatically when no --ref is given")
+    p.add_argument("--quarter", help="quarter to map, e.g. 2023Q4 (default: the model's latest fitted quarter; "
+                   "one quarter later is allowed and flagged as extrapolation)")
+    p.add_argument("--max-distance", type=float, metavar="METRES",
+                   help="leave cells farther than this from any training tile empty (default: no limit)")
     p.add_argument("--chunk-rows", type=int, metavar="N", help="grid rows per block (default: ~262k cells per block)")
     p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -209,6 +251,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     from geodbk.errors import InputDataError
     from geodbk.geomodel import GeoModel
     from geodbk.grids import RegularGrid, parse_refs, predict_grid, reference_points
+    from geodbk.inputs import parse_time
     from geodbk.regions import load_region
 
     if not args.out.endswith((".nc", ".zarr")):
@@ -221,11 +264,14 @@ def _run_predict(args: argparse.Namespace) -> int:
     refs = parse_refs(args.ref)
     if not refs and args.dataset:
         refs = reference_points(SpatialDataset.load(args.dataset), grid)
-    print(f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} in {grid.crs.to_string()}"
-          + (f"; kernel slices at {', '.join(refs)}" if refs else ""))
+    print(f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} in {grid.crs.to_string()}, "
+          f"quarter {args.quarter or model.latest_quarter or 'all fitted quarters pooled'}"
+          + (f"; kernel slices at {', '.join(refs)}" if refs and model.has_kernel else ""))
     start = time.perf_counter()
-    ds = predict_grid(model, grid, refs=refs or None, chunk_rows=args.chunk_rows, store=args.out,
-                      progress=not args.no_progress)
+    if args.quarter is not None:
+        parse_time(args.quarter)
+    ds = predict_grid(model, grid, refs=refs or None, time=args.quarter, max_distance=args.max_distance,
+                      chunk_rows=args.chunk_rows, store=args.out, progress=not args.no_progress)
     ds.close()
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
     return 0
@@ -364,8 +410,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "demo",
         help="the main job on the shipped Puerto Rico sample",
         description=(
-            "Build the mobile download-speed dataset from the shipped Ookla sample, fit DBK-RBF and the "
-            "SVGP baselines, print the urban/rural test metrics (y = log10 Mbps) and write a run folder: "
+            "Build the mobile download-speed dataset from the shipped Ookla sample, fit DBK-RBF, the "
+            "SVGP baselines and the k-nearest-tiles baseline on space-time inputs, print the urban/rural "
+            "test metrics (y = log10 Mbps) and write a run folder with maps of the latest quarter: "
             "dataset.parquet, models/<kind>.pt, metrics.csv/json, maps/<kind>.nc and .tif (mean, sd, "
             "95% PI width, Mbps bounds, kernel slices) and maps/<kind>_test_tiles.geojson. "
             "The defaults finish in a few minutes on 2 CPU cores; --paper-size uses the paper's "
@@ -377,7 +424,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", choices=("download", "upload", "latency"), help="speed-test measure (default download)")
     p.add_argument("--quarters", help="comma-separated quarters, e.g. 2023Q1,2023Q4 "
                    "(default all: the 19 complete quarters 2019Q1-2023Q4)")
-    p.add_argument("--models", help="comma-separated model kinds to fit (default dbk-rbf,sv-rbf,sv-dkl)")
+    p.add_argument("--models", help="comma-separated model kinds to fit (default dbk-rbf,sv-rbf,sv-dkl,knn)")
+    p.add_argument("--protocol", choices=("space-time", "paper"), help="model inputs (default space-time)")
+    p.add_argument("--split", choices=("random", "spatial-block", "forecast"), help="train/val/test protocol (default random)")
+    p.add_argument("--quarter", help="quarter the maps show, e.g. 2023Q1 (default: the latest fitted)")
+    p.add_argument("--max-distance", type=float, metavar="METRES",
+                   help="leave map cells farther than this from any training tile empty (default: no limit)")
     p.add_argument("--epochs", type=int, help="training epochs per model (default 30 at lr 0.01)")
     p.add_argument("--resolution", help="map cell side in degrees, or e.g. 500m (default 0.005 degrees, about 550 m)")
     p.add_argument("--crs", help="CRS of the maps (default EPSG:4326; UTM for metre resolutions)")
@@ -402,6 +454,10 @@ def _run_demo(args: argparse.Namespace) -> int:
         "map_crs": args.crs,
         "seed": args.seed,
         "device": args.device,
+        "protocol": args.protocol,
+        "split": args.split,
+        "map_quarter": args.quarter,
+        "max_distance": args.max_distance,
     }
     if args.models is not None:
         given["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -435,9 +491,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
     args = build_parser().parse_args(argv)
+
+    def one_line(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"geodbk {args.command}: warning: {message}", file=sys.stderr)
+
     try:
-        return args.handler(args)
+        with warnings.catch_warnings():  # restores the default printer afterwards
+            warnings.showwarning = one_line
+            return args.handler(args)
     except GeodbkError as err:
         print(f"geodbk {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -20,3 +20,7 @@ class RegionError(GeodbkError, ValueError):
 
 class DownloadError(GeodbkError, OSError):
     """A URL could not be fetched."""
+
+
+class ExtrapolationWarning(UserWarning):
+    """A model is asked about places or quarters outside what it was fitted on."""

@@ -21,11 +21,11 @@ import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
 from geodbk.errors import InputDataError
-from geodbk.grids import SpatialPredictor
 from geodbk.prediction import Z95
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset import SpatialDataset
+    from geodbk.geomodel import GeoModel
 
 #: Nodata value written to GeoTIFFs (float32 bands); cells outside the region get it.
 GEOTIFF_NODATA = -9999.0
@@ -145,12 +145,16 @@ def write_zarr(ds: xr.Dataset, path: str | Path) -> Path:
     return path
 
 
-def tile_predictions(model: SpatialPredictor, dataset: "SpatialDataset", *, split: str = "test") -> gpd.GeoDataFrame:
+def tile_predictions(model: "GeoModel", dataset: "SpatialDataset", *, split: str = "test") -> gpd.GeoDataFrame:
     """The tiles of one split of ``dataset`` with ``model``'s predictions, one row per (tile, quarter).
 
-    Columns: ``quadkey, year, quarter, urban_rural, lon, lat`` (tile centre, degrees), the
-    observation ``y`` (log10) and ``observed_<u>`` (data units, e.g. ``observed_mbps``), the
-    prediction ``mean, sd, lower, upper, pi_width`` (log10) and ``mean_<u>, lower_<u>,
+    Each row is predicted at its own quarter, as a new measurement with its own number of
+    tests (:meth:`geodbk.geomodel.GeoModel.predict_tiles`), the distribution its observed
+    value is scored against.
+
+    Columns: ``quadkey, year, quarter, tests, urban_rural, lon, lat`` (tile centre, degrees),
+    the observation ``y`` (log10) and ``observed_<u>`` (data units, e.g. ``observed_mbps``),
+    the prediction ``mean, sd, lower, upper, pi_width`` (log10) and ``mean_<u>, lower_<u>,
     upper_<u>`` (10 ** the log10 value), ``inside_pi`` (observation inside the 95% interval),
     and ``geometry`` (tile polygon, EPSG:4326).
     """
@@ -160,14 +164,13 @@ def tile_predictions(model: SpatialPredictor, dataset: "SpatialDataset", *, spli
     tiles = frame[frame["split"] == split]
     if len(tiles) == 0:
         raise InputDataError(f"dataset has no tiles in split {split!r}")
-    lonlat = tiles[["lon", "lat"]].to_numpy(np.float64)
-    pred = model.predict(lonlat)
+    pred = model.predict_tiles(tiles).measurement()
     mean = np.asarray(pred.mean, dtype=np.float64)
     sd = np.asarray(pred.sd, dtype=np.float64)
     key = str(getattr(dataset, "units", "Mbps")).lower()
     y = tiles["y"].to_numpy(np.float64)
     lower, upper = mean - Z95 * sd, mean + Z95 * sd
-    keep = [c for c in ("quadkey", "year", "quarter", "urban_rural", "lon", "lat") if c in tiles.columns]
+    keep = [c for c in ("quadkey", "year", "quarter", "tests", "urban_rural", "lon", "lat") if c in tiles.columns]
     out = tiles[keep].copy()
     out["y"] = y
     out[f"observed_{key}"] = tiles["value"].to_numpy(np.float64)
@@ -184,7 +187,7 @@ def tile_predictions(model: SpatialPredictor, dataset: "SpatialDataset", *, spli
 
 
 def write_tile_predictions(
-    model: SpatialPredictor, dataset: "SpatialDataset", path: str | Path, *, split: str = "test"
+    model: "GeoModel", dataset: "SpatialDataset", path: str | Path, *, split: str = "test"
 ) -> Path:
     """Write :func:`tile_predictions` to ``*.geojson`` (GeoJSON) or ``*.parquet`` (GeoParquet)."""
     path = Path(path)

@@ -1,24 +1,45 @@
-"""A fitted model in geographic terms: :class:`GeoModel` = Regressor + CoordinateTransform.
+"""A fitted model in geographic terms: :class:`GeoModel` = Regressor + InputSpace.
 
-Inputs are lon/lat in degrees (EPSG:4326); the transform maps them to the [-1, 1]^2
-coordinates the regressor was fitted on. Outputs are in the target's log10 units.
+Inputs are lon/lat in degrees (EPSG:4326) and, for space-time models, a quarter; the
+:class:`~geodbk.inputs.InputSpace` maps them to what the regressor was fitted on. Outputs
+are in the target's log10 units. Asking about places or quarters outside the fitted
+domain warns with an :class:`~geodbk.errors.ExtrapolationWarning`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
-from geodbk.dataset import CoordinateTransform, SpatialDataset
-from geodbk.errors import InputDataError
+from geodbk.coords import CoordinateTransform, ProjectedTransform
+from geodbk.dataset import SpatialDataset
+from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.inputs import InputSpace, TimeLike, parse_time, quarter_years
 from geodbk.models.config import ModelConfig
 from geodbk.prediction import Prediction
 from geodbk.regressor import Regressor, read_payload, write_payload
 from geodbk.train import TrainConfig, fit_arrays
+
+#: Positional-encoding wavelengths of the space-time protocol, chosen on PR and HI
+#: validation data (benchmarks/bench_quality.py --tune): the shortest, metres, and how many.
+MIN_WAVELENGTH_M = 1000.0
+ENCODING_SCALES = 8
+
+_FORMAT = "geodbk.geomodel/2"
+
+
+def map_model_config(protocol: str = "space-time", **overrides: Any) -> ModelConfig:
+    """The model settings of a protocol: ``space-time`` turns on the positional encoding
+    (:data:`ENCODING_SCALES` scales) and the test-count noise; ``paper`` has neither."""
+    if protocol == "paper":
+        return ModelConfig(**overrides)
+    return ModelConfig(**{"encoding_scales": ENCODING_SCALES, "test_noise": True, **overrides})
 
 
 def _lonlat(a: np.ndarray, name: str) -> np.ndarray:
@@ -32,57 +53,129 @@ def _lonlat(a: np.ndarray, name: str) -> np.ndarray:
 
 @dataclass
 class GeoModel:
-    """A regressor on scaled coordinates plus what is needed to use it on a map.
+    """A regressor plus what is needed to use it on a map.
 
     Attributes:
-        regressor: the fitted model on [-1, 1]^2 inputs.
-        transform: the region's lon/lat <-> [-1, 1]^2 transform.
-        meta: JSON-able facts: target, units, region, kind, quarters, and anything else.
+        regressor: the fitted model on the input space's coordinates.
+        inputs: lon/lat (+ quarter) -> model inputs, and the fitted domain.
+        meta: JSON-able facts: target, units, region, kind, quarters, protocol, split.
+        support: (m, 2) lon/lat degrees of the distinct training tiles (for
+            :meth:`distance_to_data`), or ``None``.
     """
 
     regressor: Regressor
-    transform: CoordinateTransform
+    inputs: InputSpace
     meta: dict[str, Any] = field(default_factory=dict)
+    support: np.ndarray | None = None
+    _support_index: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def kind(self) -> str:
         return self.regressor.kind
 
-    def predict(self, lonlat: np.ndarray, batch_size: int = 65536) -> Prediction:
-        """Predictive distribution of log10(value) at ``lonlat`` (n, 2) degrees."""
-        xy = self.transform.to_unit(_lonlat(lonlat, "lonlat"))
-        return self.regressor.predict(xy, batch_size=batch_size)
+    @property
+    def has_kernel(self) -> bool:
+        """Whether :meth:`kernel_slice` and :meth:`prior_variance` exist (GP kinds; not knn or dnn)."""
+        return self.regressor.has_kernel
 
-    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray) -> np.ndarray:
-        """Prior kernel k(x, x_ref), (n, k), in (log10 units)^2; inputs in degrees."""
-        xy = self.transform.to_unit(_lonlat(lonlat, "lonlat"))
-        ref = self.transform.to_unit(_lonlat(ref_lonlat, "ref_lonlat"))
-        return self.regressor.kernel(xy, ref)
+    @property
+    def latest_quarter(self) -> str | None:
+        """The last fitted quarter (the default of every ``time`` argument), or None if time-free."""
+        return self.inputs.latest
 
-    def prior_variance(self, lonlat: np.ndarray) -> np.ndarray:
+    def features(self, lonlat: np.ndarray, time: TimeLike = None, *, name: str = "lonlat") -> np.ndarray:
+        """Model inputs (n, d) for ``lonlat`` (n, 2) degrees at ``time``; warns when extrapolating.
+
+        ``time``: ``"2023Q4"``, decimal years (scalar or (n,)), or ``None`` = the latest
+        fitted quarter; ignored by a time-free (paper protocol) model.
+        """
+        lonlat = _lonlat(lonlat, name)
+        problem = self.inputs.extrapolation(lonlat, time)
+        if problem is not None:
+            warnings.warn(f"{self.kind}: {problem}", ExtrapolationWarning, stacklevel=3)
+        return self.inputs.features(lonlat, time)
+
+    def predict(
+        self, lonlat: np.ndarray, time: TimeLike = None, *, tests: np.ndarray | None = None, batch_size: int = 65536
+    ) -> Prediction:
+        """Predictive distribution of log10(value) at ``lonlat`` (n, 2) degrees and ``time``.
+
+        ``sd`` is the tile-mean distribution; ``tests`` (n,) adds ``measurement_sd`` for new
+        measurements of that many tests (see :class:`~geodbk.prediction.Prediction`).
+        """
+        return self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
+
+    def predict_tiles(self, tiles: pd.DataFrame) -> Prediction:
+        """Predictions for dataset rows (columns lon, lat, year, quarter, tests): each at its own
+        quarter, with ``measurement_sd`` for its own test count."""
+        years = quarter_years(tiles["year"], tiles["quarter"])
+        return self.predict(tiles[["lon", "lat"]].to_numpy(np.float64), years, tests=tiles["tests"].to_numpy(np.float64))
+
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | float | None = None) -> np.ndarray:
+        """Prior kernel k((x, t), (x_ref, t)), (n, k), in (log10 units)^2, all at one quarter ``time``.
+
+        Inputs in degrees; ``time`` as in :meth:`features` but a single quarter.
+        """
+        self._require_kernel()
+        if np.ndim(parse_time(time)) > 0:
+            raise InputDataError("a kernel slice is taken at one quarter; give time as '2023Q4' or one decimal year")
+        X = self.features(lonlat, time)
+        return self.regressor.kernel(X, self.inputs.features(_lonlat(ref_lonlat, "ref_lonlat"), time))
+
+    def prior_variance(self, lonlat: np.ndarray, time: TimeLike = None) -> np.ndarray:
         """Prior variance k(x, x), (n,), in (log10 units)^2; the diagonal of :meth:`kernel_slice`."""
-        return self.regressor.prior_variance(self.transform.to_unit(_lonlat(lonlat, "lonlat")))
+        self._require_kernel()
+        return self.regressor.prior_variance(self.features(lonlat, time))
+
+    def _require_kernel(self) -> None:
+        if not self.has_kernel:
+            raise InputDataError(f"the {self.kind} model is not a GP and has no kernel (check GeoModel.has_kernel)")
+
+    def distance_to_data(self, lonlat: np.ndarray) -> np.ndarray:
+        """(n,) metres from each point to the nearest training tile centre.
+
+        Raises:
+            InputDataError: for a model saved without its training tile locations.
+        """
+        if self.support is None:
+            raise InputDataError(f"the {self.kind} model was saved without its training tile locations")
+        if self._support_index is None:
+            from scipy.spatial import cKDTree
+
+            projection = ProjectedTransform.from_lonlat(self.support)
+            self._support_index = (projection, cKDTree(projection.to_metres(self.support)))
+        projection, tree = self._support_index
+        distance, _ = tree.query(projection.to_metres(_lonlat(lonlat, "lonlat")))
+        return distance
 
     def save(self, path: str | Path) -> None:
-        """Write the model, transform and meta to one torch file."""
+        """Write the model, input space, meta and training tile locations to one torch file."""
         payload = {
-            "format": "geodbk.geomodel/1",
+            "format": _FORMAT,
             "regressor": self.regressor.to_payload(),
-            "transform": self.transform.to_dict(),
+            "inputs": self.inputs.to_dict(),
             "meta": self.meta,
+            "support": None if self.support is None else torch.tensor(np.array(self.support), dtype=torch.float64),
         }
         write_payload(payload, path)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "GeoModel":
-        """Read a file written by :meth:`save`; tensors are mapped to ``device``."""
+        """Read a file written by :meth:`save` (or a first-format, time-free model file)."""
         payload = read_payload(path, device)
-        if payload.get("format") != "geodbk.geomodel/1":
+        kind = payload.get("format")
+        if kind == "geodbk.geomodel/1":
+            inputs = InputSpace(CoordinateTransform.from_dict(payload["transform"]), None, "paper")
+        elif kind == _FORMAT:
+            inputs = InputSpace.from_dict(payload["inputs"])
+        else:
             raise InputDataError(f"{path} is not a geodbk GeoModel file")
+        support = payload.get("support")
         return cls(
             regressor=Regressor.from_payload(payload["regressor"], device),
-            transform=CoordinateTransform.from_dict(payload["transform"]),
+            inputs=inputs,
             meta=payload["meta"],
+            support=None if support is None else support.cpu().numpy(),
         )
 
 
@@ -90,19 +183,48 @@ def fit_dataset(
     dataset: SpatialDataset,
     kind: str = "dbk-rbf",
     *,
+    protocol: str = "space-time",
     model_config: ModelConfig | None = None,
     train_config: TrainConfig | None = None,
+    min_wavelength_m: float = MIN_WAVELENGTH_M,
 ) -> GeoModel:
-    """Fit ``kind`` on the dataset's train split, selecting on its val split."""
-    X, y, _ = dataset.arrays("train")
-    X_val, y_val, _ = dataset.arrays("val")
-    regressor = fit_arrays(kind, X, y, X_val, y_val, model_config=model_config, train_config=train_config)
+    """Fit ``kind`` on the dataset's train split, selecting on its val split.
+
+    Args:
+        dataset: the tiles.
+        kind: a model-zoo name.
+        protocol: ``"space-time"`` (projected data-scaled coordinates + time, test-count
+            noise, positional encoding) or ``"paper"`` (region-box coordinates only).
+        model_config: architecture; default :func:`map_model_config` of the protocol.
+        train_config: optimisation; default :class:`TrainConfig()`.
+        min_wavelength_m: shortest positional-encoding wavelength in metres (space-time
+            protocol with an encoding); converted to the data's input units.
+    """
+    inputs = InputSpace.for_dataset(dataset, protocol)
+    config = model_config or map_model_config(protocol)
+    if isinstance(inputs.coords, ProjectedTransform) and config.encoding_scales > 0:
+        shortest = min(inputs.coords.metres_to_units(min_wavelength_m), config.encoding_max_wavelength)
+        config = replace(config, encoding_min_wavelength=shortest)
+
+    def rows(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        part = dataset.subset(split)
+        X = inputs.features(part[["lon", "lat"]].to_numpy(np.float64), quarter_years(part["year"], part["quarter"]))
+        return X, part["y"].to_numpy(np.float64), part["tests"].to_numpy(np.float64)
+
+    X, y, tests = rows("train")
+    X_val, y_val, tests_val = rows("val")
+    regressor = fit_arrays(
+        kind, X, y, X_val, y_val, tests=tests, tests_val=tests_val, model_config=config, train_config=train_config
+    )
     meta = {
         "kind": kind,
         "target": dataset.target,
         "units": dataset.units,
         "region": dataset.region.name,
         "quarters": dataset.quarters,
+        "protocol": protocol,
+        "split": dataset.split_protocol,
         "n_train": int(len(y)),
     }
-    return GeoModel(regressor, dataset.transform, meta)
+    support = dataset.subset("train").drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
+    return GeoModel(regressor, inputs, meta, support)

@@ -3,10 +3,12 @@
 A :class:`RegularGrid` is a north-up raster (cell centres on ``x``/``y``, ``y`` descending)
 in any CRS, EPSG:4326 by default. :func:`predict_grid` walks it in row blocks, converts the
 cell centres to lon/lat, asks a fitted model (anything that satisfies
-:class:`SpatialPredictor`, e.g. :class:`geodbk.geomodel.GeoModel`) for the predictive mean
-and standard deviation of ``y = log10(value)`` at the cells inside the region polygon only,
-and writes the block into preallocated float32 arrays or straight into a Zarr / NetCDF
-store, so peak memory depends on the block size, not on the grid size.
+:class:`SpatialPredictor`, e.g. :class:`geodbk.geomodel.GeoModel`) for the tile-mean
+predictive mean and standard deviation of ``y = log10(value)`` in one quarter (default:
+the latest fitted) at the cells inside the region polygon only (and, with
+``max_distance``, within that many metres of a training tile), and writes the block into
+preallocated float32 arrays or straight into a Zarr / NetCDF store, so peak memory depends
+on the block size, not on the grid size.
 
 Variables of the result (dims ``(y, x)`` unless noted, float32, NaN outside the region):
 
@@ -18,6 +20,7 @@ Variables of the result (dims ``(y, x)`` unless noted, float32, NaN outside the 
 ``lower_<u>``             10 ** (mean - 1.959964 sd)
 ``upper_<u>``             10 ** (mean + 1.959964 sd)
 ``kernel_slice``          (ref, y, x) prior kernel k(x, x_ref) in log10 units squared
+                          (models with a kernel only)
 ========================  =======================================================
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence, Union
@@ -38,7 +42,7 @@ from affine import Affine
 from shapely.geometry.base import BaseGeometry
 from tqdm.auto import tqdm
 
-from geodbk.errors import InputDataError, RegionError
+from geodbk.errors import ExtrapolationWarning, InputDataError, RegionError
 from geodbk.prediction import Z95
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -58,15 +62,21 @@ RegionLike = Union["Region", Bbox, BaseGeometry]
 class SpatialPredictor(Protocol):
     """What grid prediction needs from a fitted model (:class:`geodbk.geomodel.GeoModel` is one).
 
-    ``predict`` takes ``(n, 2)`` lon/lat in degrees and returns an object with ``mean`` and
-    ``sd`` arrays of shape ``(n,)`` in target units (log10 of Mbps or ms).
-    ``kernel_slice`` returns the ``(n, k)`` prior kernel between the points and ``k``
-    reference points, in target units squared.
+    ``predict`` takes ``(n, 2)`` lon/lat in degrees and a quarter (``"2023Q4"``, or None for
+    the model's default) and returns an object with ``mean`` and ``sd`` arrays of shape
+    ``(n,)`` in target units (log10 of Mbps or ms). ``kernel_slice`` returns the ``(n, k)``
+    prior kernel between the points and ``k`` reference points, in target units squared;
+    it is only called when ``has_kernel`` is true. ``distance_to_data`` gives metres to the
+    nearest training tile (needed for ``max_distance`` only).
     """
 
-    def predict(self, lonlat: np.ndarray) -> Any: ...
+    has_kernel: bool
 
-    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray) -> np.ndarray: ...
+    def predict(self, lonlat: np.ndarray, time: str | None = None) -> Any: ...
+
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray: ...
+
+    def distance_to_data(self, lonlat: np.ndarray) -> np.ndarray: ...
 
 
 # --- resolution and CRS ---------------------------------------------------------------
@@ -377,10 +387,10 @@ def _layer_names(units_key: str) -> list[str]:
 
 
 def _block_values(
-    model: SpatialPredictor, lonlat: np.ndarray, ref_lonlat: np.ndarray | None, units_key: str
+    model: SpatialPredictor, lonlat: np.ndarray, ref_lonlat: np.ndarray | None, units_key: str, time: str | None
 ) -> dict[str, np.ndarray]:
     """Model outputs at ``(m, 2)`` lon/lat: (m,) float64 per layer, kernel_slice (m, k)."""
-    pred = model.predict(lonlat)
+    pred = model.predict(lonlat, time)
     mean = np.asarray(pred.mean, dtype=np.float64).reshape(-1)
     sd = np.asarray(pred.sd, dtype=np.float64).reshape(-1)
     if mean.shape != (len(lonlat),) or sd.shape != (len(lonlat),):
@@ -388,7 +398,7 @@ def _block_values(
     layers = (mean, sd, 2.0 * Z95 * sd, 10.0**mean, 10.0 ** (mean - Z95 * sd), 10.0 ** (mean + Z95 * sd))
     out = dict(zip(_layer_names(units_key), layers))
     if ref_lonlat is not None:
-        k = np.asarray(model.kernel_slice(lonlat, ref_lonlat), dtype=np.float64)
+        k = np.asarray(model.kernel_slice(lonlat, ref_lonlat, time), dtype=np.float64)
         if k.shape != (len(lonlat), len(ref_lonlat)):
             raise InputDataError(f"model.kernel_slice returned {k.shape}, expected {(len(lonlat), len(ref_lonlat))}")
         out["kernel_slice"] = k
@@ -402,6 +412,8 @@ def _template(
     *,
     lazy: bool,
     chunk_rows: int,
+    quarter: str | None,
+    max_distance: float | None,
 ) -> xr.Dataset:
     """The empty result dataset (NaN) with coordinates, CF attributes and the CRS."""
     import dask.array as da
@@ -446,9 +458,12 @@ def _template(
         "units": units,
         "region": grid.region_name,
         "resolution": grid.resolution,
-        "prediction_interval": "95% (mean +/- 1.959964 sd)",
-        "nodata": "NaN outside the region",
+        "prediction_interval": "95% (mean +/- 1.959964 sd) of the tile-mean speed",
+        "nodata": "NaN outside the region"
+        + ("" if max_distance is None else f" or farther than {max_distance:g} m from a training tile"),
     }
+    if quarter is not None:  # a time-free model maps all of its fitted quarters pooled
+        ds.attrs["quarter"] = quarter
     for key in ("kind", "quarters"):
         if key in meta:
             ds.attrs[f"model_{key}"] = str(meta[key])
@@ -533,6 +548,8 @@ def predict_grid(
     grid: RegularGrid,
     *,
     refs: Mapping[str, tuple[float, float]] | None = None,
+    time: str | None = None,
+    max_distance: float | None = None,
     chunk_rows: int | None = None,
     store: str | Path | None = None,
     progress: bool = True,
@@ -548,7 +565,13 @@ def predict_grid(
         The :class:`RegularGrid` to fill.
     refs
         ``{name: (lon, lat)}`` reference points for the ``kernel_slice`` variable (see
-        :func:`reference_points`); no ``kernel_slice`` when empty.
+        :func:`reference_points`); no ``kernel_slice`` when empty or when the model has no
+        kernel (``has_kernel`` false, e.g. knn).
+    time
+        The quarter to map, e.g. ``"2023Q4"``; default the model's latest fitted quarter
+        (time-free models map their pooled quarters).
+    max_distance
+        Leave cells farther than this many metres from any training tile as NaN.
     chunk_rows
         Grid rows per block (default: about 262k cells per block). Peak memory grows with
         this, not with the grid size, when ``store`` is given.
@@ -568,17 +591,26 @@ def predict_grid(
     if rows_per_block < 1:
         raise InputDataError(f"chunk_rows must be >= 1, got {chunk_rows}")
     rows_per_block = min(rows_per_block, grid.height)
+    if max_distance is not None and not max_distance > 0:
+        raise InputDataError(f"max_distance must be positive metres, got {max_distance}")
+    if not getattr(model, "has_kernel", True):
+        refs = None
+    quarter = time or getattr(model, "latest_quarter", None)
     ref_lonlat = None
     if refs:
         ref_lonlat = np.asarray([tuple(map(float, refs[n])) for n in refs], dtype=np.float64)
         if ref_lonlat.shape != (len(refs), 2) or not np.isfinite(ref_lonlat).all():
             raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
     if store is None:
-        sink: Any = _MemorySink(_template(grid, model, refs, lazy=False, chunk_rows=rows_per_block))
+        sink: Any = _MemorySink(
+            _template(grid, model, refs, lazy=False, chunk_rows=rows_per_block, quarter=quarter, max_distance=max_distance)
+        )
     else:
         path = Path(store)
         path.parent.mkdir(parents=True, exist_ok=True)
-        template = _template(grid, model, refs, lazy=True, chunk_rows=rows_per_block)
+        template = _template(
+            grid, model, refs, lazy=True, chunk_rows=rows_per_block, quarter=quarter, max_distance=max_distance
+        )
         if path.suffix == ".zarr":
             sink = _ZarrSink(template, path)
         elif path.suffix in (".nc", ".nc4"):
@@ -589,22 +621,46 @@ def predict_grid(
     units_key = str(_model_meta(model).get("units", "Mbps")).lower()
     locator = _BlockLocator(grid)
     blocks = list(grid.blocks(rows_per_block))
+    extrapolating: list[str] = []
     try:
         for rows in tqdm(blocks, desc="predicting grid", unit="block", disable=not progress):
-            sink.write(rows, _predict_block(model, locator, rows, ref_lonlat, units_key))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ExtrapolationWarning)
+                block = _predict_block(model, locator, rows, ref_lonlat, units_key, time, max_distance)
+            extrapolating += [str(w.message) for w in caught if issubclass(w.category, ExtrapolationWarning)][:1]
+            for w in caught:
+                if not issubclass(w.category, ExtrapolationWarning):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            sink.write(rows, block)
     except BaseException:
         sink.close()
         raise
+    if extrapolating:
+        warnings.warn(
+            f"{extrapolating[0]} (in {len(extrapolating)} of {len(blocks)} grid block(s); the first shown)",
+            ExtrapolationWarning,
+            stacklevel=2,
+        )
     return sink.finish()
 
 
 def _predict_block(
-    model: SpatialPredictor, locator: _BlockLocator, rows: slice, ref_lonlat: np.ndarray | None, units_key: str
+    model: SpatialPredictor,
+    locator: _BlockLocator,
+    rows: slice,
+    ref_lonlat: np.ndarray | None,
+    units_key: str,
+    time: str | None,
+    max_distance: float | None,
 ) -> dict[str, np.ndarray]:
     """float32 layers of one row block: (rows, width), kernel_slice (k, rows, width); NaN outside."""
     lonlat, inside = locator.cells(rows)
+    if max_distance is not None and len(lonlat):
+        near = model.distance_to_data(lonlat) <= max_distance
+        inside[inside] = near
+        lonlat = lonlat[near]
     shape = inside.shape
-    values = _block_values(model, lonlat, ref_lonlat, units_key) if len(lonlat) else {}
+    values = _block_values(model, lonlat, ref_lonlat, units_key, time) if len(lonlat) else {}
     block: dict[str, np.ndarray] = {}
     for name in _layer_names(units_key):
         out = np.full(shape, np.nan, dtype=np.float32)
@@ -626,13 +682,18 @@ def predict_region(
     *,
     crs: str | int | pyproj.CRS | None = None,
     refs: Mapping[str, tuple[float, float]] | None = None,
+    time: str | None = None,
+    max_distance: float | None = None,
     chunk_rows: int | None = None,
     store: str | Path | None = None,
     progress: bool = True,
 ) -> xr.Dataset:
     """:meth:`RegularGrid.over` then :func:`predict_grid`; see both for the arguments."""
     grid = RegularGrid.over(region, resolution, crs=crs)
-    return predict_grid(model, grid, refs=refs, chunk_rows=chunk_rows, store=store, progress=progress)
+    return predict_grid(
+        model, grid, refs=refs, time=time, max_distance=max_distance, chunk_rows=chunk_rows, store=store,
+        progress=progress,
+    )
 
 
 def open_grid(path: str | Path) -> xr.Dataset:

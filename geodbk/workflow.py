@@ -11,7 +11,7 @@ paper's h = 256, r = 1024 and 400 epochs at lr 1e-3 (a GPU job).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -21,14 +21,15 @@ import pandas as pd
 from geodbk.dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError
 from geodbk.export import write_geotiff, write_tile_predictions
-from geodbk.geomodel import GeoModel, fit_dataset
+from geodbk.geomodel import GeoModel, fit_dataset, map_model_config
 from geodbk.grids import RegularGrid, predict_grid, reference_points
 from geodbk.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
 from geodbk.models.config import ModelConfig
 from geodbk.train import TrainConfig
 
-#: Model kinds the demo fits by default: the headline DBK and the two SVGP baselines.
-DEMO_MODELS = ("dbk-rbf", "sv-rbf", "sv-dkl")
+#: Model kinds the demo fits by default: the headline DBK, the two SVGP baselines and the
+#: k-nearest-tiles baseline every GP row has to beat.
+DEMO_MODELS = ("dbk-rbf", "sv-rbf", "sv-dkl", "knn")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ class DemoConfig:
         target: ``"download"`` / ``"upload"`` (Mbps) or ``"latency"`` (ms).
         quarters: quarters like ``"2023Q4"``; ``None`` = all of 2019Q1-2023Q4.
         models: model kinds to fit (names of the model zoo).
+        protocol: ``"space-time"`` (default) or the paper's ``"paper"`` (see
+            :mod:`geodbk.inputs`).
+        split: ``"random"``, ``"spatial-block"`` or ``"forecast"`` (see :mod:`geodbk.splits`).
+        map_quarter: the quarter the maps show; default the latest fitted quarter.
+        max_distance: leave map cells farther than this many metres from a training tile empty.
         epochs: training epochs per model (the paper schedule uses 400).
         lr: AdamW learning rate of the CPU schedule (the paper schedule uses 1e-3).
         resolution: map cell side; degrees as a number, or ``"500m"`` style.
@@ -89,6 +95,10 @@ class DemoConfig:
     target: str = "download"
     quarters: Sequence[str] | None = None
     models: Sequence[str] = DEMO_MODELS
+    protocol: str = "space-time"
+    split: str = "random"
+    map_quarter: str | None = None
+    max_distance: float | None = None
     epochs: int = 30
     lr: float = 1e-2
     resolution: float | str = 0.005
@@ -99,7 +109,11 @@ class DemoConfig:
     progress: bool = True
 
     def model_config(self) -> ModelConfig:
-        return ModelConfig.paper_size() if self.paper_size else ModelConfig()
+        config = map_model_config(self.protocol)
+        if self.paper_size:
+            paper = ModelConfig.paper_size()
+            config = replace(config, hidden=paper.hidden, rank=paper.rank)
+        return config
 
     def train_config(self) -> TrainConfig:
         settings = {"seed": self.seed, "device": self.device, "progress": self.progress}
@@ -121,12 +135,15 @@ class DemoResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def evaluate_on_test(model: GeoModel, dataset: SpatialDataset) -> pd.DataFrame:
-    """:func:`geodbk.metrics.evaluate` of ``model`` on the dataset's test split, by urban/rural."""
-    test = dataset.subset("test")
-    _, y, groups = dataset.arrays("test")
-    prediction = model.predict(test[["lon", "lat"]].to_numpy(np.float64))
-    return evaluate(y, prediction, groups)
+def evaluate_on_test(model: GeoModel, dataset: SpatialDataset, split: str = "test") -> pd.DataFrame:
+    """:func:`geodbk.metrics.evaluate` of ``model`` on a split of the dataset, by urban/rural.
+
+    Each tile is scored at its own quarter against the distribution of a new measurement
+    with its own number of tests.
+    """
+    rows = dataset.subset(split)
+    prediction = model.predict_tiles(rows).measurement()
+    return evaluate(rows["y"].to_numpy(np.float64), prediction, rows["urban_rural"].to_numpy().astype(str))
 
 
 def run_demo(
@@ -157,7 +174,9 @@ def run_demo(
         echo(f"wrote {path}")
 
     t0 = time.perf_counter()
-    dataset = load_sample_dataset(cfg.region, cfg.target, quarters=list(cfg.quarters) if cfg.quarters else None, seed=cfg.seed)
+    dataset = load_sample_dataset(
+        cfg.region, cfg.target, quarters=list(cfg.quarters) if cfg.quarters else None, seed=cfg.seed, split=cfg.split
+    )
     echo(dataset.summary())
     dataset.save(run.dataset)
     wrote(run.dataset)
@@ -168,7 +187,9 @@ def run_demo(
     for kind in cfg.models:
         echo(f"fitting {kind} ...")
         t0 = time.perf_counter()
-        model = fit_dataset(dataset, kind, model_config=cfg.model_config(), train_config=cfg.train_config())
+        model = fit_dataset(
+            dataset, kind, protocol=cfg.protocol, model_config=cfg.model_config(), train_config=cfg.train_config()
+        )
         seconds[f"fit {kind}"] = time.perf_counter() - t0
         echo(f"fitted {kind} in {seconds[f'fit {kind}']:.0f} s")
         model.save(run.model(kind))
@@ -184,11 +205,16 @@ def run_demo(
 
     grid = RegularGrid.over(dataset.region, cfg.resolution, crs=cfg.map_crs)
     refs = reference_points(dataset, grid)
-    echo(f"map grid: {grid.height} x {grid.width} cells of {cfg.resolution} in {grid.crs.to_string()}; "
-         f"kernel slices at {', '.join(f'{k} ({lon:.3f}, {lat:.3f})' for k, (lon, lat) in refs.items())}")
+    shown = cfg.map_quarter or next(iter(models.values())).latest_quarter or "all quarters pooled"
+    echo(f"map grid: {grid.height} x {grid.width} cells of {cfg.resolution} in {grid.crs.to_string()}, "
+         f"quarter {shown}; kernel slices at "
+         f"{', '.join(f'{k} ({lon:.3f}, {lat:.3f})' for k, (lon, lat) in refs.items())}")
     for kind, model in models.items():
         t0 = time.perf_counter()
-        grid_ds = predict_grid(model, grid, refs=refs, store=run.map_netcdf(kind), progress=cfg.progress)
+        grid_ds = predict_grid(
+            model, grid, refs=refs, time=cfg.map_quarter, max_distance=cfg.max_distance,
+            store=run.map_netcdf(kind), progress=cfg.progress,
+        )
         wrote(run.map_netcdf(kind))
         wrote(write_geotiff(grid_ds, run.map_geotiff(kind)))
         grid_ds.close()

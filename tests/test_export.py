@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import geopandas as gpd
 import numpy as np
 import pytest
@@ -20,7 +18,7 @@ from geodbk.export import (
     write_zarr,
 )
 from geodbk.grids import RegularGrid, open_grid, predict_grid
-from geodbk.prediction import Z95
+from geodbk.prediction import Z95, Prediction
 
 REGION = shapely.Point(-66.5, 18.2).buffer(0.3)
 
@@ -29,16 +27,31 @@ def plane_mean(lon, lat):
     return 1.8 + 0.5 * (lon + 66.5) + (lat - 18.2)
 
 
+def plane_sd(lat):
+    return 0.2 + 0.1 * (lat - 18.0)
+
+
+def plane_measurement_sd(lat, tests):
+    """sd of a new measurement of ``tests`` speed tests: tile-mean variance + 0.3^2 / tests."""
+    return np.sqrt(plane_sd(lat) ** 2 + 0.3**2 / tests)
+
+
 class PlaneModel:
-    """mean = plane_mean(lon, lat) (about 1.8, i.e. ~60 Mbps), sd = 0.2 + 0.1 (lat - 18), k(x, r) = exp(-|x - r|^2)."""
+    """mean = plane_mean(lon, lat) (about 1.8, i.e. ~60 Mbps), sd = 0.2 + 0.1 (lat - 18), k(x, r) = exp(-|x - r|^2);
+    a new measurement of k tests has sd = plane_measurement_sd(lat, k). Time-free: ``time`` is ignored."""
 
     meta = {"target": "download", "units": "Mbps", "kind": "plane"}
+    has_kernel = True
 
-    def predict(self, lonlat: np.ndarray) -> SimpleNamespace:
+    def predict(self, lonlat: np.ndarray, time=None, *, tests=None) -> Prediction:
         lonlat = np.asarray(lonlat, dtype=np.float64)
-        return SimpleNamespace(mean=plane_mean(lonlat[:, 0], lonlat[:, 1]), sd=0.2 + 0.1 * (lonlat[:, 1] - 18.0))
+        extra = None if tests is None else plane_measurement_sd(lonlat[:, 1], np.asarray(tests, dtype=np.float64))
+        return Prediction(plane_mean(lonlat[:, 0], lonlat[:, 1]), plane_sd(lonlat[:, 1]), extra)
 
-    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray) -> np.ndarray:
+    def predict_tiles(self, tiles) -> Prediction:
+        return self.predict(tiles[["lon", "lat"]].to_numpy(np.float64), tests=tiles["tests"].to_numpy(np.float64))
+
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time=None) -> np.ndarray:
         return np.exp(-((lonlat[:, None, :] - ref_lonlat[None]) ** 2).sum(-1))
 
 
@@ -130,8 +143,12 @@ def test_tile_predictions_round_trip_through_geopandas(tmp_path, sample_dataset,
     assert list(back["quadkey"]) == list(test["quadkey"])
     assert set(back["urban_rural"]) <= {"urban", "rural"}
     assert (back["quarter"] == 4).all() and (back["year"] == 2023).all()
+    np.testing.assert_array_equal(back["tests"], test["tests"])
     expected = plane_mean(test["lon"].to_numpy(), test["lat"].to_numpy())
     np.testing.assert_allclose(back["mean"], expected, rtol=1e-9)
+    # each tile is scored as a new measurement with its own number of tests
+    expected_sd = plane_measurement_sd(test["lat"].to_numpy(), test["tests"].to_numpy(np.float64))
+    np.testing.assert_allclose(back["sd"], expected_sd, rtol=1e-9)
     np.testing.assert_allclose(back["mean_mbps"], 10**expected, rtol=1e-9)
     np.testing.assert_allclose(back["observed_mbps"], test["value"], rtol=1e-9)
     np.testing.assert_allclose(back["upper"] - back["lower"], 2 * Z95 * back["sd"], rtol=1e-9)

@@ -25,12 +25,15 @@ PR_BBOX = (-67.3, 17.9, -65.6, 18.55)
 
 
 class PlaneModel:
-    """mean = lon + 2 lat, sd = 0.1 + 0.01 |lat|, k(x, r) = exp(-|x - r|^2); records its inputs."""
+    """mean = lon + 2 lat, sd = 0.1 + 0.01 |lat|, k(x, r) = exp(-|x - r|^2), the same at every
+    quarter; records its inputs (points and the quarters asked for)."""
 
     meta = {"target": "download", "units": "Mbps", "kind": "plane"}
+    has_kernel = True
 
     def __init__(self) -> None:
         self.seen: list[np.ndarray] = []
+        self.times: list[str | None] = []
 
     @staticmethod
     def mean(lonlat: np.ndarray) -> np.ndarray:
@@ -40,14 +43,25 @@ class PlaneModel:
     def sd(lonlat: np.ndarray) -> np.ndarray:
         return 0.1 + 0.01 * np.abs(lonlat[:, 1])
 
-    def predict(self, lonlat: np.ndarray) -> SimpleNamespace:
+    def predict(self, lonlat: np.ndarray, time: str | None = None) -> SimpleNamespace:
         lonlat = np.asarray(lonlat, dtype=np.float64)
         self.seen.append(lonlat)
+        self.times.append(time)
         return SimpleNamespace(mean=self.mean(lonlat), sd=self.sd(lonlat))
 
-    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray) -> np.ndarray:
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray:
+        self.times.append(time)
         d2 = ((lonlat[:, None, :] - ref_lonlat[None, :, :]) ** 2).sum(-1)
         return np.exp(-d2)
+
+
+class KernelFreePlane(PlaneModel):
+    """The plane without a kernel (like knn): asking it for a kernel slice is an error."""
+
+    has_kernel = False
+
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray:
+        raise AssertionError("kernel_slice called on a model without a kernel")
 
 
 def test_parse_resolution_units() -> None:
@@ -82,7 +96,10 @@ def test_grid_geometry_is_north_up_with_cell_centres() -> None:
 def test_cell_values_equal_model_at_cell_centre() -> None:
     model = PlaneModel()
     grid = RegularGrid.over(PR_BBOX, 0.1)
-    ds = predict_grid(model, grid, refs={"a": (-66.0, 18.3)}, progress=False)
+    ds = predict_grid(model, grid, refs={"a": (-66.0, 18.3)}, time="2023Q2", progress=False)
+    # mean, sd and kernel slice all at the quarter asked for, which the attrs name
+    assert model.times and set(model.times) == {"2023Q2"}
+    assert ds.attrs["quarter"] == "2023Q2"
     lon, lat = np.meshgrid(grid.x, grid.y)
     lonlat = np.column_stack([lon.ravel(), lat.ravel()])
     mean, sd = model.mean(lonlat).reshape(grid.shape), model.sd(lonlat).reshape(grid.shape)
@@ -101,6 +118,16 @@ def test_cell_values_equal_model_at_cell_centre() -> None:
     assert ds["kernel_slice"].dims == ("ref", "y", "x")
     np.testing.assert_allclose(ds["kernel_slice"].sel(ref="a").values, k, rtol=1e-6)
     assert float(ds["ref_lon"].sel(ref="a")) == -66.0
+
+
+def test_model_without_kernel_gets_no_kernel_slice() -> None:
+    grid = RegularGrid.over(PR_BBOX, 0.1)
+    with_kernel = predict_grid(PlaneModel(), grid, refs={"a": (-66.0, 18.3)}, progress=False)
+    ds = predict_grid(KernelFreePlane(), grid, refs={"a": (-66.0, 18.3)}, progress=False)
+    assert "kernel_slice" not in ds.data_vars and "kernel_slice" in with_kernel.data_vars
+    assert set(ds.data_vars) == set(with_kernel.data_vars) - {"kernel_slice"}
+    for name in ds.data_vars:
+        np.testing.assert_array_equal(ds[name].values, with_kernel[name].values)
 
 
 def test_cells_outside_region_are_nan_and_not_predicted() -> None:

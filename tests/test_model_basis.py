@@ -146,18 +146,36 @@ def test_zoo_names_and_registering_a_new_kind():
     assert "test-pp-rbf" not in available_models()
 
 
-@pytest.mark.parametrize("kind", [k for k in available_models() if k != "dnn"])
+@pytest.mark.parametrize("kind", available_models())
 def test_prior_variance_is_the_kernel_diagonal(kind):
     torch.manual_seed(0)
     model = build_model(kind, 3, ModelConfig(hidden=16, rank=12, dtype="float64")).eval()
+    if not getattr(model, "has_kernel", False):
+        pytest.skip(f"{kind} has no kernel (has_kernel is False)")
     x = torch.rand(20, 3, dtype=torch.float64) * 2 - 1
     with torch.no_grad():
         torch.testing.assert_close(model.prior_variance(x), torch.diagonal(model.kernel(x, x)))
 
 
+def test_only_the_non_gp_baselines_have_no_kernel():
+    config = ModelConfig(hidden=16, rank=12, dtype="float64")
+    models = {kind: build_model(kind, 3, config).eval() for kind in available_models()}
+    without = sorted(kind for kind, model in models.items() if not getattr(model, "has_kernel", False))
+    assert without == ["dnn", "knn"]
+    x = torch.rand(4, 3, dtype=torch.float64) * 2 - 1
+    for kind in without:
+        # asking a kernel-free model for its kernel fails: no such method, or a TypeError
+        for name, args in (("kernel", (x, x)), ("prior_variance", (x,))):
+            method = getattr(models[kind], name, None)
+            if method is not None:
+                with pytest.raises(TypeError):
+                    method(*args)
+
+
 def test_geomodel_prior_variance_matches_its_kernel_slice(tmp_path):
-    from geodbk.dataset import CoordinateTransform
+    from geodbk.coords import CoordinateTransform
     from geodbk.geomodel import GeoModel
+    from geodbk.inputs import InputSpace
     from geodbk.train import TrainConfig, fit_arrays
 
     rng = np.random.default_rng(0)
@@ -165,6 +183,6 @@ def test_geomodel_prior_variance_matches_its_kernel_slice(tmp_path):
     y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(200)
     reg = fit_arrays("dbk-rbf", X, y, X[:50], y[:50], model_config=ModelConfig(hidden=8, rank=8),
                      train_config=TrainConfig(epochs=2, progress=False))
-    model = GeoModel(reg, CoordinateTransform(-67.0, 17.9, -65.2, 18.5))
+    model = GeoModel(reg, InputSpace(CoordinateTransform(-67.0, 17.9, -65.2, 18.5), None, "paper"))
     lonlat = np.column_stack([rng.uniform(-67.0, -65.2, 30), rng.uniform(17.9, 18.5, 30)])
     np.testing.assert_allclose(model.prior_variance(lonlat), np.diag(model.kernel_slice(lonlat, lonlat)), rtol=1e-5)

@@ -8,8 +8,8 @@ import pytest
 
 from geodbk.dataset import load_sample_dataset
 from geodbk.errors import InputDataError
-from geodbk.geomodel import GeoModel, fit_dataset
-from geodbk.models import ModelConfig
+from geodbk.geomodel import GeoModel, fit_dataset, map_model_config
+from geodbk.inputs import InputSpace, quarter_years
 from geodbk.train import TrainConfig
 
 
@@ -24,7 +24,7 @@ def small_dataset():
 
 @pytest.fixture(scope="module")
 def geomodel(small_dataset):
-    return fit_dataset(small_dataset, "dbk-rbf", model_config=ModelConfig(hidden=16, rank=16),
+    return fit_dataset(small_dataset, "dbk-rbf", model_config=map_model_config("space-time", hidden=16, rank=16),
                        train_config=TrainConfig(epochs=2, batch_size=256, progress=False))
 
 
@@ -40,11 +40,25 @@ def test_fit_dataset_uses_the_train_split_and_records_meta(small_dataset, geomod
 def test_predict_and_kernel_slice_take_degrees(small_dataset, geomodel):
     test = small_dataset.subset("test")
     lonlat = test[["lon", "lat"]].to_numpy()
-    X, _, _ = small_dataset.arrays("test")
+    # the space-time inputs (u, v, t) of the test rows, built from the dataset without the model
+    X = InputSpace.for_dataset(small_dataset, "space-time").features(lonlat, quarter_years(test["year"], test["quarter"]))
+    assert X.shape == (len(test), 3)
+    # predict() defaults to the latest fitted quarter, the test rows' own quarter here
+    assert geomodel.latest_quarter == "2023Q4"
     via_lonlat = geomodel.predict(lonlat)
     direct = geomodel.regressor.predict(X)
     np.testing.assert_allclose(via_lonlat.mean, direct.mean, rtol=1e-6)
     np.testing.assert_allclose(via_lonlat.sd, direct.sd, rtol=1e-6)
+    at_quarter = geomodel.predict(lonlat, "2023Q4")
+    np.testing.assert_array_equal(at_quarter.mean, via_lonlat.mean)
+    # predict_tiles: each row at its own quarter, plus the sd of a new measurement of its own tests
+    tests = test["tests"].to_numpy(np.float64)
+    tiles = geomodel.predict_tiles(test)
+    direct_tests = geomodel.regressor.predict(X, tests=tests)
+    np.testing.assert_allclose(tiles.mean, direct.mean, rtol=1e-6)
+    np.testing.assert_allclose(tiles.sd, direct.sd, rtol=1e-6)
+    np.testing.assert_allclose(tiles.measurement_sd, direct_tests.measurement_sd, rtol=1e-6)
+    np.testing.assert_array_equal(tiles.measurement().sd, tiles.measurement_sd)
     k = geomodel.kernel_slice(lonlat[:10], lonlat[:3])
     assert k.shape == (10, 3)
     np.testing.assert_allclose(k[:3, :3], k[:3, :3].T, rtol=1e-4, atol=1e-8)
@@ -57,7 +71,8 @@ def test_save_load_round_trip(tmp_path, small_dataset, geomodel):
     path = tmp_path / "models" / "dbk-rbf.pt"
     geomodel.save(path)
     loaded = GeoModel.load(path, device="cpu")
-    assert loaded.meta == geomodel.meta and loaded.transform == geomodel.transform
+    assert loaded.meta == geomodel.meta and loaded.inputs == geomodel.inputs
+    np.testing.assert_array_equal(loaded.support, geomodel.support)
     lonlat = small_dataset.subset("val")[["lon", "lat"]].to_numpy()
     np.testing.assert_array_equal(loaded.predict(lonlat).mean, geomodel.predict(lonlat).mean)
     np.testing.assert_array_equal(loaded.predict(lonlat).sd, geomodel.predict(lonlat).sd)

@@ -15,7 +15,8 @@ from geodbk.geomodel import GeoModel
 from geodbk.grids import RegularGrid, open_grid, predict_grid
 from geodbk.workflow import DemoConfig, RunFolder, run_demo
 
-KINDS = ("dbk-rbf", "sv-rbf")
+#: two GP kinds and the kernel-free knn baseline (closed form, fast), as in the demo's defaults
+KINDS = ("dbk-rbf", "sv-rbf", "knn")
 
 
 @pytest.fixture(scope="module")
@@ -72,19 +73,26 @@ def test_map_cells_equal_the_fitted_model_at_cell_centres(demo, kind: str) -> No
     model = GeoModel.load(result.run.model(kind))
     ds = open_grid(result.run.map_netcdf(kind)).load()
     assert ds.rio.crs.to_epsg() == 4326 and ds.attrs["model_kind"] == kind
-    assert list(ds["ref"].values) == list(result.refs)
+    # the map shows the model's latest fitted quarter (the grid's default)
+    quarter = ds.attrs["quarter"]
+    assert quarter == model.latest_quarter == "2023Q4"
+    if model.has_kernel:
+        assert list(ds["ref"].values) == list(result.refs)
+    else:
+        assert kind == "knn" and "kernel_slice" not in ds.data_vars and "ref" not in ds.coords
     mean = ds["mean"].values
     inside = np.argwhere(np.isfinite(mean))
     assert 0 < len(inside) < mean.size  # the sea around Puerto Rico is masked
     picks = inside[np.linspace(0, len(inside) - 1, 25).astype(int)]
     lonlat = np.column_stack([ds["x"].values[picks[:, 1]], ds["y"].values[picks[:, 0]]])
-    pred = model.predict(lonlat)
+    pred = model.predict(lonlat, quarter)
     np.testing.assert_allclose(mean[picks[:, 0], picks[:, 1]], pred.mean, rtol=1e-5)
     np.testing.assert_allclose(ds["sd"].values[picks[:, 0], picks[:, 1]], pred.sd, rtol=1e-5)
     np.testing.assert_allclose(ds["upper_mbps"].values[picks[:, 0], picks[:, 1]], 10 ** pred.upper, rtol=1e-4)
-    ref_ll = np.column_stack([ds["ref_lon"].values, ds["ref_lat"].values])
-    k = ds["kernel_slice"].values[:, picks[:, 0], picks[:, 1]].T
-    np.testing.assert_allclose(k, model.kernel_slice(lonlat, ref_ll), rtol=1e-4, atol=1e-7)
+    if model.has_kernel:
+        ref_ll = np.column_stack([ds["ref_lon"].values, ds["ref_lat"].values])
+        k = ds["kernel_slice"].values[:, picks[:, 0], picks[:, 1]].T
+        np.testing.assert_allclose(k, model.kernel_slice(lonlat, ref_ll, quarter), rtol=1e-4, atol=1e-7)
     # the GeoTIFF holds the same numbers, nodata where the grid is NaN
     with rasterio.open(result.run.map_geotiff(kind)) as src:
         band = src.read(src.descriptions.index("mean") + 1)
@@ -93,12 +101,15 @@ def test_map_cells_equal_the_fitted_model_at_cell_centres(demo, kind: str) -> No
         np.testing.assert_array_equal(band[np.isfinite(mean)], mean[np.isfinite(mean)])
 
 
-def test_test_tiles_hold_the_model_predictions(demo) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_test_tiles_hold_the_model_predictions(demo, kind: str) -> None:
     result, _ = demo
-    tiles = gpd.read_file(result.run.test_tiles("sv-rbf"))
+    tiles = gpd.read_file(result.run.test_tiles(kind))
     test = result.dataset.frame[result.dataset.frame["split"] == "test"]
     assert len(tiles) == len(test)
-    pred = result.models["sv-rbf"].predict(test[["lon", "lat"]].to_numpy())
+    np.testing.assert_array_equal(tiles["tests"], test["tests"])
+    # each test tile at its own quarter, as a new measurement of its own number of tests
+    pred = result.models[kind].predict_tiles(test).measurement()
     np.testing.assert_allclose(tiles["mean"], pred.mean, rtol=1e-9)
     np.testing.assert_allclose(tiles["upper_mbps"], 10**pred.upper, rtol=1e-9)
 

@@ -1,0 +1,195 @@
+"""What a map model sees: :class:`InputSpace` turns (lon, lat, quarter) into model inputs X.
+
+Two protocols:
+
+``space-time`` (default)
+    X = (u, v, t): u, v are the tile centre in a Lambert azimuthal equal-area projection
+    centred on the data and scaled by the data's own extent
+    (:class:`geodbk.coords.ProjectedTransform`); t is time in decimal years, scaled so that
+    the fitted quarters span [-1, 1]. One model gives the map of any fitted quarter.
+``paper``
+    X = (x1, x2): lon/lat scaled by the region's bounding box
+    (:class:`geodbk.coords.CoordinateTransform`) and no time, as in the DBK paper. Kept
+    as the replication protocol.
+
+The input space is stored in the model file, so a saved model predicts in the same
+coordinates, and it knows what the model was fitted on: :meth:`InputSpace.extrapolation`
+names points outside the fitted extent or time range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+from geodbk.coords import CoordinateTransform, ProjectedTransform, transform_from_dict
+from geodbk.errors import InputDataError
+
+PROTOCOLS = ("space-time", "paper")
+
+#: Decimal years of a quarter's middle: year + (quarter - 0.5) / 4.
+QUARTER_YEARS = 0.25
+
+#: Time span (years) below which the time axis is not stretched further (one fitted quarter).
+_MIN_HALF_SPAN_YEARS = 0.5
+
+TimeLike = Union[str, float, np.ndarray, Sequence[float], None]
+
+
+def quarter_years(year: Any, quarter: Any) -> np.ndarray:
+    """Decimal years of the middle of each (year, quarter): ``year + (quarter - 0.5) / 4``."""
+    return np.asarray(year, dtype=np.float64) + (np.asarray(quarter, dtype=np.float64) - 0.5) * QUARTER_YEARS
+
+
+def quarter_label(years: float) -> str:
+    """``2023.875`` (middle of Q4) -> ``"2023Q4"``."""
+    index = int(np.floor(years * 4 + 1e-9))
+    return f"{index // 4}Q{index % 4 + 1}"
+
+
+def parse_quarter_label(text: str) -> tuple[int, int]:
+    """``"2023Q4"`` -> ``(2023, 4)``."""
+    label = text.strip().upper()
+    if len(label) != 6 or label[4] != "Q" or not label[:4].isdigit() or label[5] not in "1234":
+        raise InputDataError(f"bad quarter {text!r}: write it like 2023Q4")
+    return int(label[:4]), int(label[5])
+
+
+def parse_time(when: TimeLike) -> np.ndarray | float | None:
+    """A quarter label (``"2023Q4"``), decimal years (float or (n,) array), or None -> years."""
+    if when is None:
+        return None
+    if isinstance(when, str):
+        return float(quarter_years(*parse_quarter_label(when)))
+    years = np.asarray(when, dtype=np.float64)
+    if not np.isfinite(years).all():
+        raise InputDataError("time must be finite decimal years")
+    return float(years) if years.ndim == 0 else years.reshape(-1)
+
+
+@dataclass(frozen=True)
+class TimeAxis:
+    """Decimal years <-> the model's time input; ``first``/``last`` are the fitted quarters' middles."""
+
+    first: float
+    last: float
+
+    @property
+    def centre(self) -> float:
+        return 0.5 * (self.first + self.last)
+
+    @property
+    def half_span(self) -> float:
+        """Years per unit of the time input (at least half a year)."""
+        return max(0.5 * (self.last - self.first), _MIN_HALF_SPAN_YEARS)
+
+    def to_unit(self, years: np.ndarray) -> np.ndarray:
+        return (np.asarray(years, dtype=np.float64) - self.centre) / self.half_span
+
+    def to_dict(self) -> dict[str, float]:
+        return {"first": self.first, "last": self.last}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TimeAxis":
+        return cls(float(d["first"]), float(d["last"]))
+
+
+@dataclass(frozen=True)
+class InputSpace:
+    """lon/lat (+ time) -> model inputs X, and the domain the model was fitted on.
+
+    Attributes:
+        coords: the spatial transform (projected and data-scaled, or the paper's box).
+        time: the time axis, or ``None`` for a time-free model (the paper protocol).
+        protocol: ``"space-time"`` or ``"paper"``.
+    """
+
+    coords: Union[CoordinateTransform, ProjectedTransform]
+    time: TimeAxis | None = None
+    protocol: str = "space-time"
+
+    @classmethod
+    def for_dataset(cls, dataset: Any, protocol: str = "space-time") -> "InputSpace":
+        """The input space of a :class:`geodbk.dataset.SpatialDataset`.
+
+        ``space-time``: projection and scale from all of the dataset's tile centres (locations
+        only, no targets), time range from its training rows. ``paper``: the dataset's
+        region box, no time.
+        """
+        if protocol not in PROTOCOLS:
+            raise InputDataError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        if protocol == "paper":
+            return cls(dataset.transform, None, protocol)
+        tiles = dataset.frame.drop_duplicates("quadkey")
+        coords = ProjectedTransform.from_lonlat(tiles[["lon", "lat"]].to_numpy(np.float64))
+        train = dataset.subset("train")
+        years = quarter_years(train["year"], train["quarter"])
+        return cls(coords, TimeAxis(float(years.min()), float(years.max())), protocol)
+
+    @property
+    def input_dim(self) -> int:
+        """d: 3 with time, else 2."""
+        return 2 if self.time is None else 3
+
+    @property
+    def latest(self) -> str | None:
+        """The last fitted quarter, e.g. ``"2023Q4"`` (None without time)."""
+        return None if self.time is None else quarter_label(self.time.last)
+
+    def _years(self, when: TimeLike, n: int) -> np.ndarray | None:
+        if self.time is None:
+            return None
+        years = parse_time(when)
+        if years is None:
+            years = self.time.last
+        years = np.broadcast_to(np.asarray(years, dtype=np.float64), (n,)) if np.ndim(years) == 0 else years
+        if len(years) != n:
+            raise InputDataError(f"time has {len(years)} values for {n} points")
+        return years
+
+    def features(self, lonlat: np.ndarray, when: TimeLike = None) -> np.ndarray:
+        """Model inputs X, (n, input_dim), for ``lonlat`` (n, 2) degrees.
+
+        ``when``: a quarter (``"2023Q4"``), decimal years (scalar or (n,)); ``None`` = the
+        latest fitted quarter. Ignored by a time-free model.
+        """
+        xy = self.coords.to_unit(lonlat)
+        years = self._years(when, len(xy))
+        if years is None:
+            return xy
+        return np.column_stack([xy, self.time.to_unit(years)])
+
+    def extrapolation(self, lonlat: np.ndarray, when: TimeLike = None) -> str | None:
+        """A one-line description of where the query leaves the fitted domain, or None.
+
+        Flags points outside the fitted extent (grown by 5%) and times after the last or
+        before the first fitted quarter; one quarter ahead is allowed but still flagged.
+        """
+        problems = []
+        outside = self.coords.outside(lonlat)
+        if outside.any():
+            problems.append(f"{int(outside.sum())} of {len(outside)} point(s) lie outside the fitted extent")
+        years = self._years(when, len(outside))
+        if years is not None and len(years):
+            late, early = float(years.max()), float(years.min())
+            ahead = (late - self.time.last) / QUARTER_YEARS
+            if ahead > 1e-6:
+                what = "one quarter" if ahead < 1 + 1e-6 else f"{ahead:.0f} quarters"
+                problems.append(f"{quarter_label(late)} is {what} after the last fitted quarter {self.latest}")
+            if early < self.time.first - 1e-6:
+                problems.append(f"{quarter_label(early)} is before the first fitted quarter {quarter_label(self.time.first)}")
+        return "; ".join(problems) + ": predictions there are extrapolation" if problems else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol": self.protocol,
+            "coords": self.coords.to_dict(),
+            "time": None if self.time is None else self.time.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "InputSpace":
+        time = d.get("time")
+        return cls(transform_from_dict(d["coords"]), None if time is None else TimeAxis.from_dict(time), d["protocol"])
