@@ -1,9 +1,11 @@
-"""A fitted model in geographic terms: :class:`GeoModel` = Regressor + InputSpace.
+"""A fitted model in geographic terms: :class:`GeoModel` = Regressor + InputSpace (+ ResidualField).
 
 Inputs are lon/lat in degrees (EPSG:4326) and, for space-time models, a quarter; the
-:class:`~geodbk.inputs.InputSpace` maps them to what the regressor was fitted on. Outputs
-are in the target's log10 units. Asking about places or quarters outside the fitted
-domain warns with an :class:`~geodbk.errors.ExtrapolationWarning`.
+:class:`~geodbk.inputs.InputSpace` maps them to what the regressor was fitted on. Space-time
+GP kinds add tile-scale detail from a :class:`~geodbk.residuals.ResidualField` (a local
+kernel conditioned on their training residuals). Outputs are in the target's log10 units.
+Asking about places or quarters outside the fitted domain warns with an
+:class:`~geodbk.errors.ExtrapolationWarning`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from geodbk.inputs import InputSpace, TimeLike, parse_time, quarter_years
 from geodbk.models.config import ModelConfig
 from geodbk.prediction import Prediction
 from geodbk.regressor import Regressor, read_payload, write_payload
+from geodbk.residuals import ResidualField
 from geodbk.train import TrainConfig, fit_arrays
 
 #: Positional-encoding wavelengths of the space-time protocol, chosen on PR and HI
@@ -61,12 +64,14 @@ class GeoModel:
         meta: JSON-able facts: target, units, region, kind, quarters, protocol, split.
         support: (m, 2) lon/lat degrees of the distinct training tiles (for
             :meth:`distance_to_data`), or ``None``.
+        residuals: the local residual field added to the regressor's predictions, or ``None``.
     """
 
     regressor: Regressor
     inputs: InputSpace
     meta: dict[str, Any] = field(default_factory=dict)
     support: np.ndarray | None = None
+    residuals: ResidualField | None = None
     _support_index: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -103,7 +108,17 @@ class GeoModel:
         ``sd`` is the tile-mean distribution; ``tests`` (n,) adds ``measurement_sd`` for new
         measurements of that many tests (see :class:`~geodbk.prediction.Prediction`).
         """
-        return self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
+        lonlat = _lonlat(lonlat, "lonlat")
+        prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
+        if self.residuals is None:
+            return prediction
+        shift, var = self.residuals.condition(lonlat, self.inputs.years(time, len(lonlat)))
+        scale = self.residuals.kernel.variance_scale
+
+        def widened(sd: np.ndarray | None) -> np.ndarray | None:
+            return None if sd is None else np.sqrt(scale * sd**2 + var)
+
+        return Prediction(prediction.mean + shift, widened(prediction.sd), widened(prediction.measurement_sd))
 
     def predict_tiles(self, tiles: pd.DataFrame) -> Prediction:
         """Predictions for dataset rows (columns lon, lat, year, quarter, tests): each at its own
@@ -156,6 +171,7 @@ class GeoModel:
             "inputs": self.inputs.to_dict(),
             "meta": self.meta,
             "support": None if self.support is None else torch.tensor(np.array(self.support), dtype=torch.float64),
+            "residuals": None if self.residuals is None else self.residuals.to_payload(),
         }
         write_payload(payload, path)
 
@@ -170,12 +186,13 @@ class GeoModel:
             inputs = InputSpace.from_dict(payload["inputs"])
         else:
             raise InputDataError(f"{path} is not a geodbk GeoModel file")
-        support = payload.get("support")
+        support, residuals = payload.get("support"), payload.get("residuals")
         return cls(
             regressor=Regressor.from_payload(payload["regressor"], device),
             inputs=inputs,
             meta=payload["meta"],
             support=None if support is None else support.cpu().numpy(),
+            residuals=None if residuals is None else ResidualField.from_payload(residuals),
         )
 
 
@@ -187,6 +204,7 @@ def fit_dataset(
     model_config: ModelConfig | None = None,
     train_config: TrainConfig | None = None,
     min_wavelength_m: float = MIN_WAVELENGTH_M,
+    local_residuals: bool = True,
 ) -> GeoModel:
     """Fit ``kind`` on the dataset's train split, selecting on its val split.
 
@@ -199,6 +217,9 @@ def fit_dataset(
         train_config: optimisation; default :class:`TrainConfig()`.
         min_wavelength_m: shortest positional-encoding wavelength in metres (space-time
             protocol with an encoding); converted to the data's input units.
+        local_residuals: for GP kinds under the space-time protocol, add a
+            :class:`~geodbk.residuals.ResidualField` fitted to the training residuals, with
+            its hyperparameters chosen on the validation rows.
     """
     inputs = InputSpace.for_dataset(dataset, protocol)
     config = model_config or map_model_config(protocol)
@@ -206,16 +227,23 @@ def fit_dataset(
         shortest = min(inputs.coords.metres_to_units(min_wavelength_m), config.encoding_max_wavelength)
         config = replace(config, encoding_min_wavelength=shortest)
 
-    def rows(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def rows(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         part = dataset.subset(split)
-        X = inputs.features(part[["lon", "lat"]].to_numpy(np.float64), quarter_years(part["year"], part["quarter"]))
-        return X, part["y"].to_numpy(np.float64), part["tests"].to_numpy(np.float64)
+        lonlat, years = part[["lon", "lat"]].to_numpy(np.float64), quarter_years(part["year"], part["quarter"])
+        return inputs.features(lonlat, years), part["y"].to_numpy(np.float64), part["tests"].to_numpy(np.float64), lonlat, years
 
-    X, y, tests = rows("train")
-    X_val, y_val, tests_val = rows("val")
+    X, y, tests, lonlat, years = rows("train")
+    X_val, y_val, tests_val, lonlat_val, years_val = rows("val")
     regressor = fit_arrays(
         kind, X, y, X_val, y_val, tests=tests, tests_val=tests_val, model_config=config, train_config=train_config
     )
+    residuals = None
+    if local_residuals and protocol == "space-time" and regressor.has_kernel:
+        train_pred, val_pred = regressor.predict(X, tests=tests), regressor.predict(X_val, tests=tests_val)
+        residuals = ResidualField.fit(
+            lonlat, years, y - train_pred.mean, train_pred.measurement_sd**2,
+            lonlat_val, years_val, y_val - val_pred.mean, val_pred.measurement_sd**2,
+        )
     meta = {
         "kind": kind,
         "target": dataset.target,
@@ -225,6 +253,7 @@ def fit_dataset(
         "protocol": protocol,
         "split": dataset.split_protocol,
         "n_train": int(len(y)),
+        "local_residuals": residuals is not None,
     }
     support = dataset.subset("train").drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
-    return GeoModel(regressor, inputs, meta, support)
+    return GeoModel(regressor, inputs, meta, support, residuals)

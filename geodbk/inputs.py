@@ -138,7 +138,8 @@ class InputSpace:
         """The last fitted quarter, e.g. ``"2023Q4"`` (None without time)."""
         return None if self.time is None else quarter_label(self.time.last)
 
-    def _years(self, when: TimeLike, n: int) -> np.ndarray | None:
+    def years(self, when: TimeLike, n: int) -> np.ndarray | None:
+        """(n,) decimal years of ``when`` (default the latest fitted quarter), or None without time."""
         if self.time is None:
             return None
         years = parse_time(when)
@@ -156,7 +157,7 @@ class InputSpace:
         latest fitted quarter. Ignored by a time-free model.
         """
         xy = self.coords.to_unit(lonlat)
-        years = self._years(when, len(xy))
+        years = self.years(when, len(xy))
         if years is None:
             return xy
         return np.column_stack([xy, self.time.to_unit(years)])
@@ -171,7 +172,7 @@ class InputSpace:
         outside = self.coords.outside(lonlat)
         if outside.any():
             problems.append(f"{int(outside.sum())} of {len(outside)} point(s) lie outside the fitted extent")
-        years = self._years(when, len(outside))
+        years = self.years(when, len(outside))
         if years is not None and len(years):
             late, early = float(years.max()), float(years.min())
             ahead = (late - self.time.last) / QUARTER_YEARS
