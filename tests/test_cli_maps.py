@@ -117,7 +117,11 @@ def test_help_states_units_and_the_real_defaults() -> None:
         return "".join(text.split()) in demo_help
 
     # the defaults the help promises are the ones DemoConfig uses
-    assert says(f"(default {d.epochs} at lr {d.lr:g})")
+    schedule = d.train_config()
+    assert says(f"(default {schedule.epochs} at lr {schedule.lr:g}, batch {schedule.batch_size})")
+    # explicit values win over either schedule
+    assert DemoConfig(paper_size=True, epochs=5).train_config().epochs == 5
+    assert DemoConfig(epochs=7, lr=0.5).train_config().lr == 0.5
     assert says(f"(default {d.resolution} degrees")
     assert says("(default all: the 19 complete quarters") and d.quarters is None
     assert says(f"(default {','.join(DEMO_MODELS)})") and tuple(d.models) == DEMO_MODELS
