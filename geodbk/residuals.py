@@ -20,7 +20,7 @@ the kriged residual to the mean and its conditional variance to the predictive v
 
 Queries are snapped to the centre of their zoom-16 tile, so a map cell takes its tile's
 value. The six hyperparameters are chosen by the Gaussian NLL on validation rows
-(Nelder-Mead in log space; a few seconds), in the spirit of the ``knn`` baseline's k.
+(bounded Nelder-Mead in log space; a few seconds), in the spirit of the ``knn`` baseline's k.
 Places far from any training tile get no correction and a larger variance.
 """
 
@@ -46,6 +46,11 @@ FIT_ITERATIONS = 150
 _CHUNK = 16384
 #: Distance below which two tile centres are the same tile, metres.
 _SAME_TILE_M = 1.0
+#: Bounds of the hyperparameters in :meth:`ResidualField.fit` (LocalKernel field order): no
+#: variance above 1 (a factor of 10 in speed at one sd), ranges between a tile and a region,
+#: time scales between a quarter and 20 years. Without them a validation set whose tiles all
+#: have training rows leaves an unseen tile's variance free to run off.
+_BOUNDS = ((0.05, 2.0), (1e-5, 1.0), (1e-5, 1.0), (0.25, 20.0), (1e-5, 1.0), (50.0, 50_000.0))
 
 
 @dataclass(frozen=True)
@@ -126,29 +131,30 @@ class ResidualField:
         distance, index = self._tree.query(xy, k=self.neighbours)
         return xy, distance.reshape(len(xy), -1), index.reshape(len(xy), -1)
 
-    def condition(
-        self, lonlat: np.ndarray, years: np.ndarray, kernel: LocalKernel | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def condition(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Kriged residual (n,) and its conditional variance k(x,x) - k_m^T A^{-1} k_m (n,) at
         ``lonlat`` (n, 2) degrees and ``years`` (n,)."""
-        kernel = kernel or self.kernel
         years = np.broadcast_to(np.asarray(years, dtype=np.float64), (len(lonlat),))
         mean, var = np.empty(len(lonlat)), np.empty(len(lonlat))
         for start in range(0, len(lonlat), _CHUNK):
             rows = slice(start, start + _CHUNK)
-            _, distance, index = self._neighbourhoods(lonlat[rows])
-            mean[rows], var[rows] = self._solve(distance, index, years[rows], kernel)
+            mean[rows], var[rows] = self._solve(self._geometry(lonlat[rows], years[rows]), self.kernel)
         return mean, var
 
-    def _solve(
-        self, distance: np.ndarray, index: np.ndarray, years: np.ndarray, kernel: LocalKernel
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _geometry(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
+        """What conditioning needs besides the kernel: neighbour indices (n, m), query-neighbour
+        distances and lags (n, m), and neighbour-neighbour distances and lags (n, m, m)."""
+        _, distance, index = self._neighbourhoods(lonlat)
         xy, t = self.xy_m[index], self.years[index]  # (n, m, 2), (n, m)
         pairwise = np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1))
-        gram = kernel(pairwise, t[:, :, None] - t[:, None, :])
+        return index, distance, years[:, None] - t, pairwise, t[:, :, None] - t[:, None, :]
+
+    def _solve(self, geometry: tuple[np.ndarray, ...], kernel: LocalKernel) -> tuple[np.ndarray, np.ndarray]:
+        index, distance, lag, pairwise, pairwise_lag = geometry
+        gram = kernel(pairwise, pairwise_lag)
         diagonal = np.arange(index.shape[1])
         gram[:, diagonal, diagonal] += kernel.variance_scale * self.noise_var[index]
-        cross = kernel(distance, years[:, None] - t)  # (n, m)
+        cross = kernel(distance, lag)  # (n, m)
         solved = np.linalg.solve(gram, np.stack([self.residual[index], cross], axis=-1))
         mean = (cross * solved[..., 0]).sum(-1)
         var = np.maximum(kernel.prior_var - (cross * solved[..., 1]).sum(-1), 0.0)
@@ -185,15 +191,18 @@ class ResidualField:
         pick = np.random.default_rng(seed).permutation(len(val_residual))[:FIT_ROWS]
         lonlat, years = np.asarray(val_lonlat)[pick], np.asarray(val_years, np.float64)[pick]
         residual, var = np.asarray(val_residual)[pick], np.asarray(val_var)[pick]
-        _, distance, index = field._neighbourhoods(lonlat)
+        geometry = field._geometry(lonlat, years)
 
         def nll(vector: np.ndarray) -> float:
             kernel = LocalKernel.from_vector(vector)
-            mean, cond = field._solve(distance, index, years, kernel)
+            mean, cond = field._solve(geometry, kernel)
             total = kernel.variance_scale * var + cond
             return float(np.mean(0.5 * np.log(2 * np.pi * total) + 0.5 * (residual - mean) ** 2 / total))
 
-        best = minimize(nll, LocalKernel().to_vector(), method="Nelder-Mead", options={"maxiter": FIT_ITERATIONS})
+        bounds = [(np.log(low), np.log(high)) for low, high in _BOUNDS]
+        best = minimize(
+            nll, LocalKernel().to_vector(), method="Nelder-Mead", bounds=bounds, options={"maxiter": FIT_ITERATIONS}
+        )
         field.kernel = LocalKernel.from_vector(best.x)
         return field
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import geopandas as gpd
 import pytest
+import torch
 
 from geodbk import paths
 from geodbk.dataset import SpatialDataset, build_dataset
@@ -32,3 +33,13 @@ def pr_dataset(pr_tiles) -> SpatialDataset:
     6,416 rows (5,132 train / 641 val / 643 test), x in [-1, 1]^2, y = log10(Mbps).
     """
     return build_dataset(pr_tiles, "PR", target="download", quarters="2023Q4", seed=0)
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Torch on one thread for a test module (``pytestmark = pytest.mark.usefixtures("single_thread")``):
+    the model tests use tiny tensors, where one thread is fastest and immune to oversubscription."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -22,13 +22,7 @@ def _heteroskedastic(n, rng):
     return x, np.sin(3 * x[:, 0]) + sd * rng.standard_normal(n), sd
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """These fits use tiny tensors: one thread is fastest and immune to oversubscription."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

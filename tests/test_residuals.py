@@ -1,0 +1,376 @@
+"""The local residual field (geodbk.residuals) against dense Gaussian conditioning done by hand.
+
+Training rows sit at real zoom-16 tile centres near San Juan, Puerto Rico; the reference
+kernel is written out here from the formula in the module docstring, with "same tile"
+decided by quadkey equality (not by the module's distance threshold).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from geodbk.coords import ProjectedTransform
+from geodbk.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres
+from geodbk.residuals import LocalKernel, ResidualField, tile_centres
+
+SAN_JUAN = (-66.06, 18.45)
+KERNEL = LocalKernel(
+    variance_scale=0.6, tile_var=0.05, tile_time_var=0.03, time_scale=1.2, local_var=0.02, range_m=900.0
+)
+
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def tiles_near(rng: np.random.Generator, n: int, half_width_deg: float, centre=SAN_JUAN) -> np.ndarray:
+    """``n`` distinct zoom-16 quadkeys of random points in a box around ``centre``."""
+    keys: list[str] = []
+    while len(keys) < n:
+        lon = centre[0] + rng.uniform(-half_width_deg, half_width_deg)
+        lat = centre[1] + rng.uniform(-half_width_deg, half_width_deg)
+        key = str(lonlat_to_quadkey(lon, lat)[0])
+        if key not in keys:
+            keys.append(key)
+    return np.array(keys, dtype=object)
+
+
+def dense_kernel(kernel: LocalKernel, xy_a, keys_a, t_a, xy_b, keys_b, t_b) -> np.ndarray:
+    """k_local between two row sets from the docstring formula; same tile = same quadkey."""
+    distance = np.sqrt(((xy_a[:, None, :] - xy_b[None, :, :]) ** 2).sum(-1))
+    decay = np.exp(-np.abs(t_a[:, None] - t_b[None, :]) / kernel.time_scale)
+    _, codes = np.unique(np.concatenate([keys_a, keys_b]).astype(str), return_inverse=True)
+    same = codes[: len(keys_a), None] == codes[None, len(keys_a):]
+    tile = same * (kernel.tile_var + kernel.tile_time_var * decay)
+    return tile + kernel.local_var * np.exp(-distance / kernel.range_m) * decay
+
+
+def dense_condition(kernel, projection, train, residual, noise_var, query):
+    """Exact Gaussian conditioning on all training rows: (mean, k(x,x) - k^T A^-1 k)."""
+    (keys, t), (q_keys, q_t) = train, query
+    xy, q_xy = projection.to_metres(quadkey_centres(keys)), projection.to_metres(quadkey_centres(q_keys))
+    A = dense_kernel(kernel, xy, keys, t, xy, keys, t) + kernel.variance_scale * np.diag(noise_var)
+    k = dense_kernel(kernel, q_xy, q_keys, q_t, xy, keys, t)  # (q, n)
+    kqq = np.diag(dense_kernel(kernel, q_xy, q_keys, q_t, q_xy, q_keys, q_t))
+    mean = k @ np.linalg.solve(A, residual)
+    var = kqq - np.einsum("qn,nq->q", k, np.linalg.solve(A, k.T))
+    return mean, var
+
+
+def make_field(kernel, keys, years, residual, noise_var, neighbours) -> ResidualField:
+    lonlat = quadkey_centres(keys)
+    projection = ProjectedTransform.from_lonlat(lonlat)
+    return ResidualField(kernel, projection, projection.to_metres(lonlat), np.asarray(years, np.float64),
+                         np.asarray(residual, np.float64), np.asarray(noise_var, np.float64), neighbours)
+
+
+@pytest.fixture(scope="module")
+def small():
+    """30 training rows on 12 tiles (several rows per tile, different quarters) and 9 queries."""
+    rng = np.random.default_rng(7)
+    tiles = tiles_near(rng, 12, 0.02)
+    keys = np.concatenate([tiles, rng.choice(tiles, 18)])  # every tile once, then 18 more rows
+    years = 2021.125 + 0.25 * rng.integers(0, 12, size=30) + rng.uniform(-0.1, 0.1, size=30)
+    residual = rng.normal(0.0, 0.3, size=30)
+    noise_var = rng.uniform(0.01, 0.08, size=30)
+    assert len(set(keys)) == 12 and len(keys) == 30
+    # queries: training tiles at new times, unseen tiles in the same box, one unseen tile 3 km away
+    q_keys = np.concatenate([tiles[:4], tiles_near(rng, 4, 0.02), lonlat_to_quadkey(SAN_JUAN[0] + 0.028, SAN_JUAN[1])])
+    q_years = np.array([2023.875, 2021.0, 2022.4, 2024.6, 2023.875, 2022.0, 2021.5, 2023.1, 2023.875])
+    return keys, years, residual, noise_var, q_keys, q_years
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_condition_with_all_rows_is_exact_gaussian_conditioning(small):
+    keys, years, residual, noise_var, q_keys, q_years = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=len(keys))
+    assert field.neighbours == 30
+    mean, var = field.condition(quadkey_centres(q_keys), q_years)
+    ref_mean, ref_var = dense_condition(KERNEL, field.projection, (keys, years), residual, noise_var, (q_keys, q_years))
+    np.testing.assert_allclose(mean, ref_mean, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(var, ref_var, rtol=0, atol=1e-9)
+    # the conditioning does something: shifts of size ~0.1 and variances well below the prior's
+    assert np.abs(mean).max() > 0.05
+    assert var[:4].max() < 0.7 * KERNEL.prior_var and var[4:].min() > 0.95 * KERNEL.prior_var
+    # asking for more neighbours than rows is clipped to all rows (same answer)
+    more = make_field(KERNEL, keys, years, residual, noise_var, neighbours=100)
+    assert more.neighbours == 30
+    np.testing.assert_allclose(more.condition(quadkey_centres(q_keys), q_years)[0], mean, rtol=0, atol=1e-12)
+
+
+def test_conditional_variance_is_the_error_variance_of_the_kriged_mean(small):
+    """Monte Carlo over the joint Gaussian (queries + training residuals), with the m = 8
+    nearest-neighbour predictor: condition()'s variance is that predictor's mean squared error."""
+    keys, years, residual, noise_var, q_keys, q_years = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    q_lonlat = quadkey_centres(q_keys)
+    _, var = field.condition(q_lonlat, q_years)
+    # the kriged mean is linear in the residuals: its weights, one training row at a time
+    weights = np.column_stack([
+        dataclasses.replace(field, residual=np.eye(len(keys))[i]).condition(q_lonlat, q_years)[0]
+        for i in range(len(keys))
+    ])  # (q, n)
+    assert ((weights != 0).sum(1) <= 8).all()
+    np.testing.assert_allclose(weights @ residual, field.condition(q_lonlat, q_years)[0], rtol=0, atol=1e-12)
+    # joint covariance of (f_local at the queries, training residuals = f_local + noise)
+    projection = field.projection
+    xy, q_xy = projection.to_metres(quadkey_centres(keys)), projection.to_metres(q_lonlat)
+    kqq = dense_kernel(KERNEL, q_xy, q_keys, q_years, q_xy, q_keys, q_years)
+    kqn = dense_kernel(KERNEL, q_xy, q_keys, q_years, xy, keys, years)
+    knn = dense_kernel(KERNEL, xy, keys, years, xy, keys, years) + KERNEL.variance_scale * np.diag(noise_var)
+    cov = np.block([[kqq, kqn], [kqn.T, knn]])
+    draws = np.random.default_rng(11).standard_normal((200_000, len(cov))) @ np.linalg.cholesky(cov).T
+    error = draws[:, : len(q_keys)] - draws[:, len(q_keys):] @ weights.T
+    empirical = (error**2).mean(0)
+    np.testing.assert_allclose(empirical, var, rtol=0.02)
+    # and the answer is informative: the training-tile queries have well under the prior variance
+    assert var[:4].max() < 0.7 * KERNEL.prior_var
+
+
+def test_queries_snap_to_their_tile_centre(small):
+    keys, years, residual, noise_var, *_ = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=16)
+    key = keys[0]
+    west, south, east, north = quadkey_bounds([key])[0]
+    centre = quadkey_centres([key])
+    # points inside the tile, well off its centre (up to 45% of the way to the edges)
+    off = np.array([[west + 0.05 * (east - west), north - 0.1 * (north - south)],
+                    [east - 0.02 * (east - west), south + 0.03 * (north - south)],
+                    [(west + east) / 2 + 0.3 * (east - west), (south + north) / 2]])
+    assert (lonlat_to_quadkey(off[:, 0], off[:, 1]) == key).all()
+    np.testing.assert_array_equal(tile_centres(off), np.repeat(centre, 3, axis=0))
+    at_centre = field.condition(np.repeat(centre, 3, axis=0), 2023.875)
+    at_off = field.condition(off, 2023.875)
+    np.testing.assert_array_equal(at_off[0], at_centre[0])
+    np.testing.assert_array_equal(at_off[1], at_centre[1])
+    # and the next tile east gives a different answer (the snapping is to the right tile)
+    neighbour = field.condition(np.array([[east + 0.5 * (east - west), (south + north) / 2]]), 2023.875)
+    assert neighbour[0][0] != at_centre[0][0] and neighbour[1][0] > at_centre[1][0]
+
+
+def test_far_from_training_rows_gives_no_correction_and_prior_variance(small):
+    keys, years, residual, noise_var, *_ = small
+    kernel = dataclasses.replace(KERNEL, range_m=500.0)
+    field = make_field(kernel, keys, years, residual, noise_var, neighbours=16)
+    # about 50 km east and 50 km west-south-west of the training box
+    far = np.array([[SAN_JUAN[0] + 0.5, SAN_JUAN[1]], [SAN_JUAN[0] - 0.45, SAN_JUAN[1] - 0.15]])
+    distance, _ = field._tree.query(field.projection.to_metres(tile_centres(far)))
+    assert (distance > 45_000).all()
+    mean, var = field.condition(far, np.array([2023.875, 2021.0]))
+    np.testing.assert_allclose(mean, 0.0, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(var, kernel.prior_var, rtol=0, atol=1e-6)
+    assert kernel.prior_var == pytest.approx(0.05 + 0.03 + 0.02)
+
+
+def test_payload_round_trip_through_torch_save(small, tmp_path):
+    keys, years, residual, noise_var, q_keys, q_years = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    torch.save(field.to_payload(), tmp_path / "field.pt")
+    back = ResidualField.from_payload(torch.load(tmp_path / "field.pt", weights_only=True))
+    assert back.kernel == field.kernel and back.neighbours == 8
+    assert back.projection == field.projection
+    rng = np.random.default_rng(3)
+    query = np.column_stack([SAN_JUAN[0] + rng.uniform(-0.03, 0.03, 50), SAN_JUAN[1] + rng.uniform(-0.03, 0.03, 50)])
+    when = rng.uniform(2021.0, 2024.5, 50)
+    for ours, theirs in zip(field.condition(query, when), back.condition(query, when)):
+        np.testing.assert_array_equal(theirs, ours)
+
+
+# ----------------------------------------------------------------------------- fit on synthetic data
+
+TRUE = LocalKernel(
+    variance_scale=0.5, tile_var=0.10, tile_time_var=0.05, time_scale=1.0, local_var=0.015, range_m=800.0
+)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    """2,800 rows = 350 tiles x 8 quarters drawn from the exact joint Gaussian of TRUE:
+    2,000 train, 300 val, 500 test rows (40% in tiles without training rows).
+
+    On a full tiles x quarters grid the local kernel is a sum of Kronecker products
+    (tiles: identity, space: exp(-d / range_m); both times exp(-|dt| / time_scale)), so the
+    joint draw needs only a 350 x 350 and an 8 x 8 Cholesky factor."""
+    rng = np.random.default_rng(2024)
+    tiles = tiles_near(rng, 350, 0.06)  # ~13 km box: 350 of its ~500 tiles
+    quarters = 2022.125 + 0.25 * np.arange(8)
+    centres = quadkey_centres(tiles)
+    xy = ProjectedTransform.from_lonlat(centres).to_metres(centres)
+    space = np.exp(-np.sqrt(((xy[:, None] - xy[None]) ** 2).sum(-1)) / TRUE.range_m)
+    decay = np.exp(-np.abs(quarters[:, None] - quarters[None]) / TRUE.time_scale)
+    tile_cov = TRUE.tile_var + TRUE.tile_time_var * decay  # 8 x 8, one tile's quarters
+    tile_part = rng.standard_normal((len(tiles), 8)) @ np.linalg.cholesky(tile_cov).T
+    local_part = np.linalg.cholesky(space) @ rng.standard_normal((len(tiles), 8)) @ np.linalg.cholesky(decay).T
+    f_local = (tile_part + np.sqrt(TRUE.local_var) * local_part).reshape(-1)  # row = tile * 8 + quarter
+    keys, years = np.repeat(tiles, 8), np.tile(quarters, len(tiles))
+    noise_var = rng.uniform(0.03, 0.10, size=len(keys))
+    residual = f_local + np.sqrt(TRUE.variance_scale * noise_var) * rng.standard_normal(len(keys))
+    lonlat = quadkey_centres(keys)
+    # 40 tiles have no training rows (as tiles seen in no training quarter do in real data):
+    # 120 of their 320 rows go to val, 200 to test; the other rows are split at random
+    unseen = np.isin(np.arange(len(keys)) // 8, rng.choice(len(tiles), 40, replace=False))
+    held, rest = rng.permutation(np.flatnonzero(unseen)), rng.permutation(np.flatnonzero(~unseen))
+    parts = {"train": rest[:2000], "val": np.concatenate([rest[2000:2180], held[:120]]),
+             "test": np.concatenate([rest[2180:], held[120:]])}
+    return {name: (lonlat[i], years[i], residual[i], noise_var[i]) for name, i in parts.items()}
+
+
+def test_synthetic_draw_has_the_kernel_covariance(synthetic):
+    """A check of the fixture's Kronecker draw: same-tile covariances at lags 0 and 7 quarters
+    match the kernel (350 tiles: about +-8% sampling error)."""
+    lonlat, years, residual, noise_var = (np.concatenate(a) for a in zip(*synthetic.values()))
+    order = np.lexsort((years, lonlat[:, 1], lonlat[:, 0]))
+    grid = residual[order].reshape(350, 8)  # tiles x quarters
+    assert (lonlat[order].reshape(350, 8, 2) == lonlat[order][::8, None, :]).all()
+    decay7 = np.exp(-1.75 / TRUE.time_scale)
+    lag0 = TRUE.prior_var + TRUE.variance_scale * noise_var.mean()
+    lag7 = TRUE.tile_var + (TRUE.tile_time_var + TRUE.local_var) * decay7
+    assert (grid**2).mean() == pytest.approx(lag0, rel=0.25)
+    assert (grid[:, 0] * grid[:, 7]).mean() == pytest.approx(lag7, rel=0.25)
+
+
+def gaussian_nll(residual, mean, var) -> float:
+    return float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * (residual - mean) ** 2 / var))
+
+
+def test_fit_recovers_the_tile_variance_and_beats_the_zero_correction(synthetic):
+    train, val, test = synthetic["train"], synthetic["val"], synthetic["test"]
+    field = ResidualField.fit(*train, *val)
+    lonlat, years, residual, noise_var = test
+
+    def nll(kernel: LocalKernel) -> float:
+        mean, var = dataclasses.replace(field, kernel=kernel).condition(lonlat, years)
+        return gaussian_nll(residual, mean, kernel.variance_scale * noise_var + var)
+
+    baseline = gaussian_nll(residual, 0.0, noise_var)  # the GP alone: no shift, its own variance
+    fitted, oracle = nll(field.kernel), nll(TRUE)
+    # test rows: a clear gain over the GP alone, and close to the true kernel's NLL (seen:
+    # baseline 1.154, fitted 0.254, oracle 0.248 nats per row; over fixture seeds 1-7 the
+    # fit was 0.65-1.10 below the baseline and at most 0.015 above the oracle)
+    assert fitted < baseline - 0.5
+    assert fitted < oracle + 0.04
+    # variances, true values far from LocalKernel()'s start (tile 0.07, total 0.09).
+    # Seen with this seed: tile_var + tile_time_var 0.108 (true 0.15), prior_var 0.159
+    # (true 0.165), variance_scale 0.49 (true 0.5). Honest spread over fixture seeds 1-7:
+    # the tile sum came out 0.065-0.178 (ratio 0.43-1.19; two seeds just under 0.5, where
+    # local_var with a range_m near the tile size takes over part of it), prior_var
+    # 0.107-0.237 (ratio 0.65-1.44), variance_scale 0.42-0.81. The fits are converged
+    # (1,000 Nelder-Mead iterations moved none of this on the seeds tried). time_scale and
+    # range_m are loosely identified and not checked. So: tile sum within a factor of 2
+    # (for this seed), prior_var within +-50%.
+    tile_total = field.kernel.tile_var + field.kernel.tile_time_var
+    assert 0.5 < tile_total / (TRUE.tile_var + TRUE.tile_time_var) < 2.0
+    assert 0.5 < field.kernel.prior_var / TRUE.prior_var < 1.5
+    assert 0.25 < field.kernel.variance_scale < 1.0
+
+
+# ----------------------------------------------------------------------------- GeoModel integration
+
+
+def train_then_test_rows(dataset):
+    """Train rows first, then the test rows."""
+    import pandas as pd
+
+    return pd.concat([dataset.subset("train"), dataset.subset("test")])
+
+
+@pytest.fixture(scope="module")
+def pr_two_quarters():
+    """A random slice of the shipped PR sample, 2023Q3 + 2023Q4: ~1,550 train, ~130 val and test rows."""
+    from geodbk.dataset import load_sample_dataset
+
+    ds = load_sample_dataset("PR", quarters="2023Q3,2023Q4")
+    u = np.random.default_rng(0).random(len(ds))
+    keep = np.where(ds.frame["split"] == "train", u < 0.15, u < 0.1)
+    small = dataclasses.replace(ds, frame=ds.frame[keep])
+    assert small.quarters == ["2023Q3", "2023Q4"]
+    return small
+
+
+@pytest.fixture(scope="module")
+def fitted(pr_two_quarters):
+    from geodbk.geomodel import fit_dataset, map_model_config
+    from geodbk.train import TrainConfig
+
+    def fit(kind="dbk-rbf", **kw):
+        return fit_dataset(pr_two_quarters, kind, model_config=map_model_config(hidden=16, rank=16),
+                           train_config=TrainConfig(epochs=2, batch_size=256, progress=False), **kw)
+
+    return fit
+
+
+@pytest.fixture(scope="module")
+def pr_model(fitted):
+    return fitted()
+
+
+def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters, pr_model):
+    from geodbk.inputs import quarter_years
+
+    field = pr_model.residuals
+    assert isinstance(field, ResidualField) and pr_model.meta["local_residuals"] is True
+    train = pr_two_quarters.subset("train")
+    lonlat, years = train[["lon", "lat"]].to_numpy(np.float64), quarter_years(train["year"], train["quarter"])
+    tests = train["tests"].to_numpy(np.float64)
+    gp = pr_model.regressor.predict(pr_model.inputs.features(lonlat, years), tests=tests)
+    np.testing.assert_allclose(field.residual, train["y"].to_numpy() - gp.mean, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(field.noise_var, gp.measurement_sd**2, rtol=1e-9)
+    np.testing.assert_array_equal(field.years, years)
+    np.testing.assert_allclose(field.xy_m, field.projection.to_metres(lonlat), rtol=0, atol=1e-6)
+    assert field.neighbours == 16
+
+
+def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
+    from geodbk.inputs import quarter_years
+
+    field, s = pr_model.residuals, pr_model.residuals.kernel.variance_scale
+    rows = train_then_test_rows(pr_two_quarters)
+    lonlat, years = rows[["lon", "lat"]].to_numpy(np.float64), quarter_years(rows["year"], rows["quarter"])
+    tests = rows["tests"].to_numpy(np.float64)
+    got = pr_model.predict(lonlat, years, tests=tests)
+    gp = pr_model.regressor.predict(pr_model.inputs.features(lonlat, years), tests=tests)
+    shift, var = field.condition(lonlat, years)
+    np.testing.assert_allclose(got.mean, gp.mean + shift, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.sd, np.sqrt(s * gp.sd**2 + var), rtol=1e-12)
+    np.testing.assert_allclose(got.measurement_sd, np.sqrt(s * gp.measurement_sd**2 + var), rtol=1e-12)
+    # the correction is real: on training rows (first in `rows`) the shift follows the residual
+    n_train = len(pr_two_quarters.subset("train"))
+    assert np.abs(shift).max() > 0.05
+    assert np.corrcoef(shift[:n_train], field.residual)[0, 1] > 0.5
+    # predict_tiles goes the same way (each row at its own quarter, with its own tests)
+    tiles = pr_model.predict_tiles(rows)
+    np.testing.assert_allclose(tiles.mean, got.mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(tiles.measurement_sd, got.measurement_sd, rtol=1e-12)
+
+
+def test_no_field_without_local_residuals_or_a_kernel(pr_two_quarters, fitted):
+    test = pr_two_quarters.subset("test")
+    lonlat = test[["lon", "lat"]].to_numpy(np.float64)
+    for model in (fitted(local_residuals=False), fitted("knn"), fitted(protocol="paper")):
+        assert model.residuals is None and model.meta["local_residuals"] is False, model.kind
+        got = model.predict(lonlat, "2023Q4")
+        direct = model.regressor.predict(model.features(lonlat, "2023Q4"))
+        np.testing.assert_array_equal(got.mean, direct.mean)
+
+
+def test_geomodel_save_load_keeps_the_field(pr_two_quarters, pr_model, tmp_path):
+    from geodbk.geomodel import GeoModel
+
+    pr_model.save(tmp_path / "model.pt")
+    back = GeoModel.load(tmp_path / "model.pt")
+    assert back.residuals is not None and back.residuals.kernel == pr_model.residuals.kernel
+    test = pr_two_quarters.subset("test")
+    lonlat, tests = test[["lon", "lat"]].to_numpy(np.float64), test["tests"].to_numpy(np.float64)
+    for when in ("2023Q3", "2023Q4"):
+        ours, theirs = pr_model.predict(lonlat, when, tests=tests), back.predict(lonlat, when, tests=tests)
+        np.testing.assert_array_equal(theirs.mean, ours.mean)
+        np.testing.assert_array_equal(theirs.sd, ours.sd)
+        np.testing.assert_array_equal(theirs.measurement_sd, ours.measurement_sd)
