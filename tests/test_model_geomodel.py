@@ -24,8 +24,9 @@ def small_dataset():
 
 @pytest.fixture(scope="module")
 def geomodel(small_dataset):
+    """The GP alone (the local residual field on top is tested in test_residuals.py)."""
     return fit_dataset(small_dataset, "dbk-rbf", model_config=map_model_config("space-time", hidden=16, rank=16),
-                       train_config=TrainConfig(epochs=2, batch_size=256, progress=False))
+                       train_config=TrainConfig(epochs=2, batch_size=256, progress=False), local_residuals=False)
 
 
 def test_fit_dataset_uses_the_train_split_and_records_meta(small_dataset, geomodel):
