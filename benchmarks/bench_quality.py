@@ -49,11 +49,13 @@ def fit_and_score(dataset, kind: str, protocol: str, train_config: TrainConfig, 
         return evaluate_on_test(model, dataset, on)
 
 
-def quality_table(region: str, splits: list[str], models: list[str], train_config: TrainConfig, on: str) -> pd.DataFrame:
+def quality_table(
+    region: str, splits: list[str], models: list[str], train_config: TrainConfig, on: str, protocols: list[str]
+) -> pd.DataFrame:
     rows = []
     base = load_sample_dataset(region, "download")
-    runs = [("space-time", split, kind) for split in splits for kind in models]
-    runs += [("paper", "random", kind) for kind in PAPER_MODELS if "random" in splits]
+    runs = [("space-time", split, kind) for split in splits for kind in models if "space-time" in protocols]
+    runs += [("paper", "random", kind) for kind in PAPER_MODELS if "random" in splits and "paper" in protocols]
     for protocol, split, kind in runs:
         dataset = base.with_split(split)
         start = time.perf_counter()
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regions", default="PR,HI")
     parser.add_argument("--splits", default=",".join(SPLITS))
     parser.add_argument("--models", default=",".join(SPACE_TIME_MODELS))
+    parser.add_argument("--protocols", default="space-time,paper", help="space-time, paper (random split only)")
     parser.add_argument("--eval", choices=("val", "test"), default="test")
     parser.add_argument("--epochs", type=int, help="default: the CPU schedule of geodbk fit / the demo")
     parser.add_argument("--device", default="auto")
@@ -140,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failed = 0
     for region in regions:
-        table = quality_table(region, args.splits.split(","), args.models.split(","), schedule, args.eval)
+        table = quality_table(
+            region, args.splits.split(","), args.models.split(","), schedule, args.eval, args.protocols.split(",")
+        )
         print(f"\n## {region} download, {args.eval} split (y = log10 Mbps; coverage in %)\n")
         print(wide(table).to_string())
         print()
