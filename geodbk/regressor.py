@@ -44,6 +44,16 @@ def as_inputs(X: Any, input_dim: int | None = None, name: str = "X") -> np.ndarr
     return arr
 
 
+def as_test_counts(tests: Any, n: int, name: str = "tests") -> np.ndarray:
+    """Check and convert the speed tests behind each of ``n`` rows to a float64 (n,) array (>= 1)."""
+    arr = np.asarray(tests, dtype=np.float64).reshape(-1)
+    if arr.shape[0] != n:
+        raise InputDataError(f"{name} has {arr.shape[0]} values but its inputs have {n} rows")
+    if not (np.isfinite(arr).all() and (arr >= 1).all()):
+        raise InputDataError(f"{name} must be finite test counts >= 1")
+    return arr
+
+
 @dataclass
 class Regressor:
     """A fitted model of kind ``kind`` on ``input_dim``-dimensional inputs.
@@ -94,11 +104,7 @@ class Regressor:
         ``measurement_sd`` to the result; the tile-mean ``sd`` never depends on it.
         """
         X = as_inputs(X, self.input_dim)
-        counts = None
-        if tests is not None:
-            counts = np.asarray(tests, dtype=np.float64).reshape(-1)
-            if counts.shape != (len(X),) or not (np.isfinite(counts).all() and (counts >= 1).all()):
-                raise InputDataError(f"tests must be {len(X)} finite counts >= 1")
+        counts = None if tests is None else as_test_counts(tests, len(X))
         self.model.eval()
         means, sds, measurement_sds = [], [], []
         for start in range(0, len(X), batch_size):
