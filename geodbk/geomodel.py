@@ -36,8 +36,9 @@ MIN_WAVELENGTH_M = 1000.0
 ENCODING_SCALES = 8
 #: Initial noise variance (standardised y, one test) of every kind in map fits, both
 #: protocols. From the spec's 1e-2, dbk-rbf sometimes put the whole signal into predictive
-#: variance for many epochs; with 0.3 its validation NLL at the CPU schedule was 0.649 vs
-#: 0.722 (HI, space-time), 0.498 (PR, space-time) and 0.946 vs 0.979-test (HI, paper).
+#: variance for many epochs. At the CPU schedule, from 0.3 instead: HI space-time validation
+#: NLL 0.649 vs 0.722; HI paper test NLL 0.967 vs 0.979 (validation 0.946); PR space-time
+#: validation 0.498.
 MAP_NOISE_INIT = 0.3
 
 _FORMAT = "geodbk.geomodel/2"
