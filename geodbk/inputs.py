@@ -129,11 +129,6 @@ class InputSpace:
         return cls(coords, TimeAxis(float(years.min()), float(years.max())), protocol)
 
     @property
-    def input_dim(self) -> int:
-        """d: 3 with time, else 2."""
-        return 2 if self.time is None else 3
-
-    @property
     def latest(self) -> str | None:
         """The last fitted quarter, e.g. ``"2023Q4"`` (None without time)."""
         return None if self.time is None else quarter_label(self.time.last)

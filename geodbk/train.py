@@ -188,7 +188,6 @@ def fit_arrays(
     device = resolve_device(tcfg.device)
     dtype = mcfg.torch_dtype
     torch.manual_seed(tcfg.seed)
-    model = build_model(kind, d, mcfg).to(device)
 
     def tensor(a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a, dtype=dtype, device=device)
@@ -220,6 +219,7 @@ def fit_arrays(
         val_nll = _mean_nll(fitted, Xv, yv, tcfg.eval_batch_size, counts_val) + log_std
         return regressor(fitted, [{"epoch": 1, "loss": float("nan"), "val_nll": val_nll}], 1)
 
+    model = build_model(kind, d, mcfg).to(device)
     if spec.prepare is not None and resume is None:
         spec.prepare(model, Xt, yt, Xv, yv, mcfg, tcfg)
     objective = spec.objective(tcfg)
