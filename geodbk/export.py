@@ -21,7 +21,7 @@ import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
 from geodbk.errors import InputDataError
-from geodbk.prediction import Z95
+from geodbk.prediction import Z95, to_data_units
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset import SpatialDataset
@@ -32,38 +32,53 @@ GEOTIFF_NODATA = -9999.0
 
 
 def geotiff_bands(ds: xr.Dataset, variables: Sequence[str] | None = None) -> xr.DataArray:
-    """Stack the ``(y, x)`` variables of a grid into one ``(band, y, x)`` float32 array.
+    """Stack the map variables of a grid into one ``(band, y, x)`` float32 array.
 
-    ``kernel_slice`` (dims ``ref, y, x``) becomes one band per reference point, named
-    ``kernel_slice:<ref>``. The band names are in the ``band`` coordinate and in the
-    ``long_name`` attribute (a tuple, which rioxarray writes as band descriptions).
+    ``(y, x)`` variables are one band each, named after the variable. ``kernel_slice`` (dims
+    ``ref, y, x``) becomes one band per reference point, ``kernel_slice:<ref>``. Per-quarter
+    variables of a multi-quarter grid (dims ``time, y, x``) come first, as one group of bands
+    per quarter named ``<variable>:<quarter>`` (``mean:2023Q4``). The band names are in the
+    ``long_name`` attribute (a tuple, which rioxarray writes as band descriptions); each
+    band's ``name``, ``units`` and ``quarter`` are in ``band_tags``.
     """
     names = list(variables) if variables is not None else [v for v in ds.data_vars if set(ds[v].dims) >= {"y", "x"}]
     missing = [n for n in names if n not in ds.data_vars]
     if missing:
         raise InputDataError(f"grid has no variable(s) {missing}; it has {list(ds.data_vars)}")
-    layers, labels, units = [], [], []
+    per_quarter = [n for n in names if ds[n].dims == ("time", "y", "x")]
+    entries: list[tuple[str, xr.DataArray, dict[str, str]]] = []
+    for index in range(ds.sizes.get("time", 0) if per_quarter else 0):
+        quarter = str(ds["quarter"].values[index]) if "quarter" in ds.coords else str(index)
+        for name in per_quarter:
+            tags = {"units": str(ds[name].attrs.get("units", "")), "quarter": quarter}
+            entries.append((f"{name}:{quarter}", ds[name].isel(time=index, drop=True), tags))
     for name in names:
         var = ds[name]
+        units = {"units": str(var.attrs.get("units", ""))}
+        if "quarter" in var.attrs:
+            units["quarter"] = str(var.attrs["quarter"])
+        elif "quarter" in ds.attrs:
+            units["quarter"] = str(ds.attrs["quarter"])
         if var.dims == ("y", "x"):
-            layers.append(var)
-            labels.append(name)
-            units.append(str(var.attrs.get("units", "")))
+            entries.append((name, var, units))
         elif var.dims == ("ref", "y", "x"):
-            for ref in var["ref"].values:
-                layers.append(var.sel(ref=ref, drop=True))
-                labels.append(f"{name}:{ref}")
-                units.append(str(var.attrs.get("units", "")))
-        else:
-            raise InputDataError(f"variable {name} has dims {var.dims}; GeoTIFF bands need (y, x) or (ref, y, x)")
+            entries += [(f"{name}:{ref}", var.sel(ref=ref, drop=True), units) for ref in var["ref"].values]
+        elif name not in per_quarter:
+            raise InputDataError(
+                f"variable {name} has dims {var.dims}; GeoTIFF bands need (y, x), (ref, y, x) or (time, y, x)"
+            )
+    keep = ("x", "y", "spatial_ref")
     stack = xr.concat(
-        [layer.drop_vars([c for c in layer.coords if c not in ("x", "y", "spatial_ref")]) for layer in layers],
+        [layer.drop_vars([c for c in layer.coords if c not in keep]) for _, layer, _ in entries],
         dim="band",
         coords="minimal",
         compat="override",
     ).astype(np.float32, copy=False)
-    stack = stack.assign_coords(band=np.arange(1, len(labels) + 1))
-    stack.attrs = {"long_name": tuple(labels), "band_tags": [{"name": n, "units": u} for n, u in zip(labels, units)]}
+    stack = stack.assign_coords(band=np.arange(1, len(entries) + 1))
+    stack.attrs = {
+        "long_name": tuple(label for label, _, _ in entries),
+        "band_tags": [{"name": label, **tags} for label, _, tags in entries],
+    }
     return stack
 
 
@@ -179,9 +194,7 @@ def tile_predictions(model: "GeoModel", dataset: "SpatialDataset", *, split: str
     out["lower"] = lower
     out["upper"] = upper
     out["pi_width"] = upper - lower
-    out[f"mean_{key}"] = 10.0**mean
-    out[f"lower_{key}"] = 10.0**lower
-    out[f"upper_{key}"] = 10.0**upper
+    out[f"mean_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd)
     out["inside_pi"] = (y >= lower) & (y <= upper)
     return gpd.GeoDataFrame(out.reset_index(drop=True), geometry=tiles.geometry.to_numpy(), crs=tiles.crs or "EPSG:4326")
 

@@ -24,7 +24,7 @@ from geodbk.dataset import SpatialDataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.inputs import InputSpace, TimeLike, parse_time, quarter_years
 from geodbk.models.config import ModelConfig
-from geodbk.prediction import Prediction
+from geodbk.prediction import ChangePrediction, Prediction
 from geodbk.regressor import Regressor, read_payload, write_payload
 from geodbk.residuals import ResidualField
 from geodbk.train import TrainConfig, fit_arrays
@@ -134,6 +134,78 @@ class GeoModel:
         quarter, with ``measurement_sd`` for its own test count."""
         years = quarter_years(tiles["year"], tiles["quarter"])
         return self.predict(tiles[["lon", "lat"]].to_numpy(np.float64), years, tests=tiles["tests"].to_numpy(np.float64))
+
+    def predict_change(self, lonlat: np.ndarray, time_from: TimeLike, time_to: TimeLike = None) -> ChangePrediction:
+        """The change of the latent log10 surface at ``lonlat`` (n, 2) degrees from quarter
+        ``time_from`` to ``time_to`` (default the latest fitted), with its joint-posterior sd.
+
+        Var = s ||L^T (phi(x, t_to) - phi(x, t_from))||^2 (+ the residual covariance of
+        inducing-point kinds) + the local residual field's joint variance of the change
+        (:meth:`~geodbk.residuals.ResidualField.change_variance`). The tile-quarter noise
+        sigma0^2 is not part of the latent surface, so it is not in the change.
+        """
+        self._require_kernel()
+        if self.inputs.time is None:
+            raise InputDataError(f"the {self.kind} model is time-free ({self.inputs.protocol} protocol); it has no change")
+        lonlat = _lonlat(lonlat, "lonlat")
+        X_from, X_to = self.features(lonlat, time_from), self.features(lonlat, time_to)
+        before, after = self.predict(lonlat, time_from), self.predict(lonlat, time_to)
+        var = self.regressor.difference_variance(X_from, X_to)
+        if self.residuals is not None:
+            years_from = self.inputs.years(time_from, len(lonlat))
+            years_to = self.inputs.years(time_to, len(lonlat))
+            var = self.residuals.kernel.variance_scale * var + self.residuals.change_variance(lonlat, years_from, years_to)
+        return ChangePrediction(after.mean - before.mean, np.sqrt(var), before.mean, after.mean)
+
+    def predict_areas(
+        self,
+        lonlat: np.ndarray,
+        groups: np.ndarray,
+        n_groups: int | None = None,
+        time: TimeLike = None,
+        *,
+        weights: np.ndarray | None = None,
+    ) -> Prediction:
+        """Averages of the tile-mean log10 value over groups of points (e.g. the grid cells in
+        each polygon), with their joint-posterior sd: ``Prediction`` of shape (n_groups,).
+
+        Args:
+            lonlat: (n, 2) degrees.
+            groups: (n,) integers in [0, n_groups): the group of each point.
+            n_groups: default ``groups.max() + 1``.
+            time: one quarter (as in :meth:`features`).
+            weights: (n,) weights within each group (default equal); they are normalised to
+                sum to 1 per group.
+
+        The variance is exact for the GP: ``s (||L^T sum_i w_i phi_i||^2 + sigma0^2 sum_i w_i^2)``
+        for a basis GP (each cell's tile-quarter noise is independent), with the Nystrom
+        residual of inducing-point kinds added pairwise. The local residual field adds
+        :meth:`~geodbk.residuals.ResidualField.area_variance`. A group without points gets NaN.
+        """
+        self._require_kernel()
+        lonlat = _lonlat(lonlat, "lonlat")
+        groups = np.asarray(groups, dtype=np.int64).reshape(-1)
+        if len(groups) != len(lonlat):
+            raise InputDataError(f"groups has {len(groups)} values for {len(lonlat)} points")
+        n_groups = int(groups.max()) + 1 if n_groups is None and len(groups) else int(n_groups or 0)
+        w = np.ones(len(lonlat)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+        if len(w) != len(lonlat) or not (np.isfinite(w).all() and (w >= 0).all()):
+            raise InputDataError("weights must be one finite, non-negative value per point")
+        totals = np.bincount(groups, weights=w, minlength=n_groups)
+        w = w / np.where(totals > 0, totals, 1.0)[groups]
+        X = self.features(lonlat, time)
+        gp = self.regressor.predict(X)
+        mean = gp.mean
+        var = self.regressor.weighted_sum_variance(X, w, groups, n_groups)
+        var += self.regressor.tile_noise_variance * np.bincount(groups, weights=w**2, minlength=n_groups)
+        if self.residuals is not None:
+            shift, local_var = self.residuals.condition(lonlat, self.inputs.years(time, len(lonlat)))
+            mean = mean + shift
+            var = self.residuals.kernel.variance_scale * var
+            var += self.residuals.area_variance(lonlat, local_var, w, groups, n_groups)
+        empty = totals <= 0
+        area_mean = np.where(empty, np.nan, np.bincount(groups, weights=w * mean, minlength=n_groups))
+        return Prediction(area_mean, np.where(empty, np.nan, np.sqrt(var)))
 
     def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | float | None = None) -> np.ndarray:
         """Prior kernel k((x, t), (x_ref, t)), (n, k), in (log10 units)^2, all at one quarter ``time``.
@@ -257,6 +329,7 @@ def fit_dataset(
         "kind": kind,
         "target": dataset.target,
         "units": dataset.units,
+        "service": str(dataset.frame["service"].iloc[0]) if len(dataset.frame) else "mobile",
         "region": dataset.region.name,
         "quarters": dataset.quarters,
         "protocol": protocol,

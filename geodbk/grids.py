@@ -3,25 +3,13 @@
 A :class:`RegularGrid` is a north-up raster (cell centres on ``x``/``y``, ``y`` descending)
 in any CRS, EPSG:4326 by default. :func:`predict_grid` walks it in row blocks, converts the
 cell centres to lon/lat, asks a fitted model (anything that satisfies
-:class:`SpatialPredictor`, e.g. :class:`geodbk.geomodel.GeoModel`) for the tile-mean
-predictive mean and standard deviation of ``y = log10(value)`` in one quarter (default:
-the latest fitted) at the cells inside the region polygon only (and, with
+:class:`SpatialPredictor`, e.g. :class:`geodbk.geomodel.GeoModel`) for the variables that
+:class:`geodbk.layers.GridLayers` lists (tile-mean predictive mean, sd, 95% bounds and the
+probability of being below a speed benchmark, per quarter; optionally the change between two
+quarters and kernel slices) at the cells inside the region polygon only (and, with
 ``max_distance``, within that many metres of a training tile), and writes the block into
 preallocated float32 arrays or straight into a Zarr / NetCDF store, so peak memory depends
-on the block size, not on the grid size.
-
-Variables of the result (dims ``(y, x)`` unless noted, float32, NaN outside the region):
-
-========================  =======================================================
-``mean``                  predictive mean of log10(value), units ``log10(Mbps)``
-``sd``                    predictive standard deviation of log10(value)
-``pi_width``              width of the 95% prediction interval, 2 * 1.959964 * sd
-``mean_<u>``              10 ** mean, the median value in data units (u = mbps / ms)
-``lower_<u>``             10 ** (mean - 1.959964 sd)
-``upper_<u>``             10 ** (mean + 1.959964 sd)
-``kernel_slice``          (ref, y, x) prior kernel k(x, x_ref) in log10 units squared
-                          (models with a kernel only)
-========================  =======================================================
+on the block size and the number of quarters, not on the grid size.
 """
 
 from __future__ import annotations
@@ -43,7 +31,7 @@ from shapely.geometry.base import BaseGeometry
 from tqdm.auto import tqdm
 
 from geodbk.errors import ExtrapolationWarning, InputDataError, RegionError
-from geodbk.prediction import Z95
+from geodbk.layers import DEFAULT, GridLayers, model_meta
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset import SpatialDataset
@@ -66,13 +54,16 @@ class SpatialPredictor(Protocol):
     the model's default) and returns an object with ``mean`` and ``sd`` arrays of shape
     ``(n,)`` in target units (log10 of Mbps or ms). ``kernel_slice`` returns the ``(n, k)``
     prior kernel between the points and ``k`` reference points, in target units squared;
-    it is only called when ``has_kernel`` is true. ``distance_to_data`` gives metres to the
+    it is only called when ``has_kernel`` is true, as is ``predict_change`` (a
+    :class:`~geodbk.prediction.ChangePrediction`, for change layers only). ``distance_to_data`` gives metres to the
     nearest training tile (needed for ``max_distance`` only).
     """
 
     has_kernel: bool
 
     def predict(self, lonlat: np.ndarray, time: str | None = None) -> Any: ...
+
+    def predict_change(self, lonlat: np.ndarray, time_from: str, time_to: str) -> Any: ...
 
     def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray: ...
 
@@ -346,27 +337,7 @@ def reference_points(
     return refs
 
 
-# --- variables and attributes ---------------------------------------------------------------
-def _model_meta(model: SpatialPredictor) -> dict[str, Any]:
-    meta = getattr(model, "meta", None)
-    return dict(meta) if isinstance(meta, Mapping) else {}
-
-
-def _variable_attrs(target: str, units: str) -> dict[str, dict[str, str]]:
-    u = units
-    log_u = f"log10({u})"
-    what = {"download": "download speed", "upload": "upload speed"}.get(target, target)
-    key = u.lower()
-    return {
-        "mean": {"long_name": f"predictive mean of log10 {what}", "units": log_u},
-        "sd": {"long_name": f"predictive standard deviation of log10 {what}", "units": log_u},
-        "pi_width": {"long_name": f"width of the 95% prediction interval of log10 {what}", "units": log_u},
-        f"mean_{key}": {"long_name": f"predicted median {what} (10**mean)", "units": u},
-        f"lower_{key}": {"long_name": f"lower bound of the 95% prediction interval of {what}", "units": u},
-        f"upper_{key}": {"long_name": f"upper bound of the 95% prediction interval of {what}", "units": u},
-    }
-
-
+# --- the result dataset ------------------------------------------------------------------
 def _coordinate_attrs(crs: pyproj.CRS) -> tuple[dict[str, str], dict[str, str]]:
     if crs.is_geographic:
         return (
@@ -381,89 +352,51 @@ def _coordinate_attrs(crs: pyproj.CRS) -> tuple[dict[str, str], dict[str, str]]:
     )
 
 
-def _layer_names(units_key: str) -> list[str]:
-    """Names of the (y, x) layers for data units ``units_key`` ("mbps" or "ms")."""
-    return ["mean", "sd", "pi_width", f"mean_{units_key}", f"lower_{units_key}", f"upper_{units_key}"]
-
-
-def _block_values(
-    model: SpatialPredictor, lonlat: np.ndarray, ref_lonlat: np.ndarray | None, units_key: str, time: str | None
-) -> dict[str, np.ndarray]:
-    """Model outputs at ``(m, 2)`` lon/lat: (m,) float64 per layer, kernel_slice (m, k)."""
-    pred = model.predict(lonlat, time)
-    mean = np.asarray(pred.mean, dtype=np.float64).reshape(-1)
-    sd = np.asarray(pred.sd, dtype=np.float64).reshape(-1)
-    if mean.shape != (len(lonlat),) or sd.shape != (len(lonlat),):
-        raise InputDataError(f"model.predict returned mean {mean.shape} / sd {sd.shape} for {len(lonlat)} points")
-    layers = (mean, sd, 2.0 * Z95 * sd, 10.0**mean, 10.0 ** (mean - Z95 * sd), 10.0 ** (mean + Z95 * sd))
-    out = dict(zip(_layer_names(units_key), layers))
-    if ref_lonlat is not None:
-        k = np.asarray(model.kernel_slice(lonlat, ref_lonlat, time), dtype=np.float64)
-        if k.shape != (len(lonlat), len(ref_lonlat)):
-            raise InputDataError(f"model.kernel_slice returned {k.shape}, expected {(len(lonlat), len(ref_lonlat))}")
-        out["kernel_slice"] = k
-    return out
-
-
 def _template(
     grid: RegularGrid,
     model: SpatialPredictor,
-    refs: Mapping[str, tuple[float, float]] | None,
+    layers: GridLayers,
     *,
     lazy: bool,
     chunk_rows: int,
-    quarter: str | None,
     max_distance: float | None,
 ) -> xr.Dataset:
     """The empty result dataset (NaN) with coordinates, CF attributes and the CRS."""
     import dask.array as da
 
-    meta = _model_meta(model)
-    target = str(meta.get("target", "download"))
-    units = str(meta.get("units", "Mbps"))
-    attrs = _variable_attrs(target, units)
-    shape = grid.shape
+    meta = model_meta(model)
+    sizes = layers.sizes()
 
-    def empty(*lead: int) -> Any:
-        full = (*lead, *shape)
+    def empty(dims: tuple[str, ...]) -> Any:
+        lead = tuple(sizes[d] for d in dims[:-2])
         if lazy:
-            return da.full(full, np.nan, dtype=np.float32, chunks=(*lead, chunk_rows, grid.width))
-        return np.full(full, np.nan, dtype=np.float32)
+            return da.full((*lead, *grid.shape), np.nan, dtype=np.float32, chunks=(*lead, chunk_rows, grid.width))
+        return np.full((*lead, *grid.shape), np.nan, dtype=np.float32)
 
-    data_vars = {name: (("y", "x"), empty(), a) for name, a in attrs.items()}
-    coords: dict[str, Any] = {}
+    data_vars = {name: (dims, empty(dims), attrs) for name, (dims, attrs) in layers.variables().items()}
     x_attrs, y_attrs = _coordinate_attrs(grid.crs)
-    coords["x"] = ("x", grid.x, x_attrs)
-    coords["y"] = ("y", grid.y, y_attrs)
-    if refs:
-        names = list(refs)
-        ref_arr = np.asarray([refs[n] for n in names], dtype=np.float64)
-        coords["ref"] = ("ref", np.asarray(names, dtype=object), {"long_name": "reference point name"})
-        coords["ref_lon"] = ("ref", ref_arr[:, 0], {"long_name": "reference point longitude", "units": "degrees_east"})
-        coords["ref_lat"] = ("ref", ref_arr[:, 1], {"long_name": "reference point latitude", "units": "degrees_north"})
-        data_vars["kernel_slice"] = (
-            ("ref", "y", "x"),
-            empty(len(names)),
-            {
-                "long_name": "prior kernel k(x, x_ref) between each cell and the reference point",
-                "units": f"log10({units})^2",
-            },
-        )
+    coords: dict[str, Any] = {"x": ("x", grid.x, x_attrs), "y": ("y", grid.y, y_attrs), **layers.coords()}
     ds = xr.Dataset(data_vars, coords=coords)
     ds.attrs = {
-        "title": f"geodbk predictive map of log10 {target} ({units})",
+        "title": f"geodbk predictive map of log10 {layers.target} ({layers.units})",
         "Conventions": "CF-1.8",
         "source": f"geodbk model {meta.get('kind', type(model).__name__)}",
-        "target": target,
-        "units": units,
+        "target": layers.target,
+        "units": layers.units,
         "region": grid.region_name,
         "resolution": grid.resolution,
         "prediction_interval": "95% (mean +/- 1.959964 sd) of the tile-mean speed",
         "nodata": "NaN outside the region"
         + ("" if max_distance is None else f" or farther than {max_distance:g} m from a training tile"),
     }
-    if quarter is not None:  # a time-free model maps all of its fitted quarters pooled
-        ds.attrs["quarter"] = quarter
+    if layers.stacked:
+        ds.attrs["quarters"] = ",".join(map(str, layers.quarters))
+    elif layers.quarters[0] is not None:  # a time-free model maps all of its fitted quarters pooled
+        ds.attrs["quarter"] = layers.quarters[0]
+    if layers.threshold is not None:
+        ds.attrs["threshold"] = layers.threshold
+    if layers.change is not None:
+        ds.attrs["change"] = ":".join(layers.change)
     for key in ("kind", "quarters"):
         if key in meta:
             ds.attrs[f"model_{key}"] = str(meta[key])
@@ -474,16 +407,18 @@ def _template(
 
 
 # --- prediction -------------------------------------------------------------------------
+def _rows_index(ndim: int, rows: slice) -> tuple[slice, ...]:
+    """Index of a row block in an array whose last two dims are (y, x)."""
+    return (slice(None),) * (ndim - 2) + (rows, slice(None))
+
+
 class _MemorySink:
     def __init__(self, template: xr.Dataset) -> None:
         self.ds = template
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
         for name, values in block.items():
-            if values.ndim == 2:
-                self.ds[name].values[rows] = values
-            else:
-                self.ds[name].values[:, rows] = values
+            self.ds[name].values[_rows_index(values.ndim, rows)] = values
 
     def close(self) -> None:
         """Nothing to release."""
@@ -495,16 +430,14 @@ class _MemorySink:
 class _ZarrSink:
     def __init__(self, template: xr.Dataset, path: Path) -> None:
         self.path = path
+        self.dims = {name: template[name].dims for name in template.data_vars}
         encoding = {
             name: {**template[name].encoding, "chunks": template[name].data.chunksize} for name in template.data_vars
         }
         template.to_zarr(path, mode="w", compute=False, encoding=encoding, consolidated=False)
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
-        data_vars = {}
-        for name, values in block.items():
-            dims = ("y", "x") if values.ndim == 2 else ("ref", "y", "x")
-            data_vars[name] = (dims, values)
+        data_vars = {name: (self.dims[name], values) for name, values in block.items()}
         xr.Dataset(data_vars).to_zarr(self.path, region={"y": rows}, mode="r+", consolidated=False)
 
     def close(self) -> None:
@@ -529,10 +462,7 @@ class _NetCDFSink:
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
         for name, values in block.items():
-            if values.ndim == 2:
-                self.nc[name][rows, :] = values
-            else:
-                self.nc[name][:, rows, :] = values
+            self.nc[name][_rows_index(values.ndim, rows)] = values
 
     def close(self) -> None:
         if self.nc.isopen():
@@ -548,7 +478,9 @@ def predict_grid(
     grid: RegularGrid,
     *,
     refs: Mapping[str, tuple[float, float]] | None = None,
-    time: str | None = None,
+    time: str | Sequence[str] | None = None,
+    change: tuple[str, str] | None = None,
+    threshold: float | str | None = DEFAULT,
     max_distance: float | None = None,
     chunk_rows: int | None = None,
     store: str | Path | None = None,
@@ -560,7 +492,7 @@ def predict_grid(
     ----------
     model
         A fitted :class:`SpatialPredictor` (e.g. :class:`geodbk.geomodel.GeoModel`); its
-        ``meta`` (``target``, ``units``, ``kind``) names the variables when present.
+        ``meta`` (``target``, ``units``, ``service``, ``kind``) names the variables.
     grid
         The :class:`RegularGrid` to fill.
     refs
@@ -568,13 +500,21 @@ def predict_grid(
         :func:`reference_points`); no ``kernel_slice`` when empty or when the model has no
         kernel (``has_kernel`` false, e.g. knn).
     time
-        The quarter to map, e.g. ``"2023Q4"``; default the model's latest fitted quarter
-        (time-free models map their pooled quarters).
+        The quarter to map, e.g. ``"2023Q4"`` (2-D layers); default the model's latest
+        fitted quarter (time-free models map their pooled quarters). A list of quarters,
+        e.g. ``["2022Q4", "2023Q4"]``, adds a CF ``time`` dimension to the per-quarter layers.
+    change
+        ``(from, to)`` quarters, e.g. ``("2022Q4", "2023Q4")``: add the change layers
+        (mean change, joint-posterior sd, P(increase), change of the median in data units).
+    threshold
+        ``p_below`` = P(tile-mean value < threshold), threshold in data units (Mbps); the
+        default is the FCC benchmark for the model's service and target
+        (:mod:`geodbk.thresholds`); ``None`` leaves the layer out.
     max_distance
         Leave cells farther than this many metres from any training tile as NaN.
     chunk_rows
-        Grid rows per block (default: about 262k cells per block). Peak memory grows with
-        this, not with the grid size, when ``store`` is given.
+        Grid rows per block (default: about 262k cells per block, divided by the number of
+        quarters). Peak memory grows with this, not with the grid size, when ``store`` is given.
     store
         Write blocks straight into this Zarr (``*.zarr``) or NetCDF (``*.nc``) store and
         return it opened lazily; without it the result is built in memory.
@@ -584,41 +524,30 @@ def predict_grid(
     Returns
     -------
     xarray.Dataset
-        Variables as listed in the module docstring, float32, NaN outside the region, with
+        Variables as listed in :mod:`geodbk.layers`, float32, NaN outside the region, with
         CF attributes and the CRS in a ``spatial_ref`` coordinate (rioxarray convention).
     """
-    rows_per_block = grid.default_chunk_rows() if chunk_rows is None else int(chunk_rows)
+    layers = GridLayers.for_model(model, time=time, threshold=threshold, change=change, refs=refs)
+    if chunk_rows is None:
+        rows_per_block = max(1, grid.default_chunk_rows() // len(layers.quarters))
+    else:
+        rows_per_block = int(chunk_rows)
     if rows_per_block < 1:
         raise InputDataError(f"chunk_rows must be >= 1, got {chunk_rows}")
     rows_per_block = min(rows_per_block, grid.height)
     if max_distance is not None and not max_distance > 0:
         raise InputDataError(f"max_distance must be positive metres, got {max_distance}")
-    if not getattr(model, "has_kernel", True):
-        refs = None
-    quarter = time or getattr(model, "latest_quarter", None)
-    ref_lonlat = None
-    if refs:
-        ref_lonlat = np.asarray([tuple(map(float, refs[n])) for n in refs], dtype=np.float64)
-        if ref_lonlat.shape != (len(refs), 2) or not np.isfinite(ref_lonlat).all():
-            raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
+    template_args = {"lazy": store is not None, "chunk_rows": rows_per_block, "max_distance": max_distance}
     if store is None:
-        sink: Any = _MemorySink(
-            _template(grid, model, refs, lazy=False, chunk_rows=rows_per_block, quarter=quarter, max_distance=max_distance)
-        )
+        sink: Any = _MemorySink(_template(grid, model, layers, **template_args))
     else:
         path = Path(store)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        template = _template(
-            grid, model, refs, lazy=True, chunk_rows=rows_per_block, quarter=quarter, max_distance=max_distance
-        )
-        if path.suffix == ".zarr":
-            sink = _ZarrSink(template, path)
-        elif path.suffix in (".nc", ".nc4"):
-            sink = _NetCDFSink(template, path)
-        else:
+        if path.suffix not in (".zarr", ".nc", ".nc4"):
             raise InputDataError(f"store must end in .zarr or .nc, got {path.name}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        template = _template(grid, model, layers, **template_args)
+        sink = _ZarrSink(template, path) if path.suffix == ".zarr" else _NetCDFSink(template, path)
 
-    units_key = str(_model_meta(model).get("units", "Mbps")).lower()
     locator = _BlockLocator(grid)
     blocks = list(grid.blocks(rows_per_block))
     extrapolating: list[str] = []
@@ -626,7 +555,7 @@ def predict_grid(
         for rows in tqdm(blocks, desc="predicting grid", unit="block", disable=not progress):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ExtrapolationWarning)
-                block = _predict_block(model, locator, rows, ref_lonlat, units_key, time, max_distance)
+                block = _predict_block(model, locator, rows, layers, max_distance)
             extrapolating += [str(w.message) for w in caught if issubclass(w.category, ExtrapolationWarning)][:1]
             for w in caught:
                 if not issubclass(w.category, ExtrapolationWarning):
@@ -645,33 +574,22 @@ def predict_grid(
 
 
 def _predict_block(
-    model: SpatialPredictor,
-    locator: _BlockLocator,
-    rows: slice,
-    ref_lonlat: np.ndarray | None,
-    units_key: str,
-    time: str | None,
-    max_distance: float | None,
+    model: SpatialPredictor, locator: _BlockLocator, rows: slice, layers: GridLayers, max_distance: float | None
 ) -> dict[str, np.ndarray]:
-    """float32 layers of one row block: (rows, width), kernel_slice (k, rows, width); NaN outside."""
+    """float32 variables of one row block, (..., rows, width), NaN outside."""
     lonlat, inside = locator.cells(rows)
     if max_distance is not None and len(lonlat):
         near = model.distance_to_data(lonlat) <= max_distance
         inside[inside] = near
         lonlat = lonlat[near]
-    shape = inside.shape
-    values = _block_values(model, lonlat, ref_lonlat, units_key, time) if len(lonlat) else {}
+    values = layers.values(model, lonlat) if len(lonlat) else {}
+    sizes = layers.sizes()
     block: dict[str, np.ndarray] = {}
-    for name in _layer_names(units_key):
-        out = np.full(shape, np.nan, dtype=np.float32)
+    for name, (dims, _) in layers.variables().items():
+        out = np.full((*(sizes[d] for d in dims[:-2]), *inside.shape), np.nan, dtype=np.float32)
         if values:
-            out[inside] = values[name]
+            out[..., inside] = values[name]
         block[name] = out
-    if ref_lonlat is not None:
-        out = np.full((len(ref_lonlat), *shape), np.nan, dtype=np.float32)
-        if values:
-            out[:, inside] = values["kernel_slice"].T
-        block["kernel_slice"] = out
     return block
 
 
@@ -681,19 +599,11 @@ def predict_region(
     resolution: float | str,
     *,
     crs: str | int | pyproj.CRS | None = None,
-    refs: Mapping[str, tuple[float, float]] | None = None,
-    time: str | None = None,
-    max_distance: float | None = None,
-    chunk_rows: int | None = None,
-    store: str | Path | None = None,
-    progress: bool = True,
+    time: str | Sequence[str] | None = None,
+    **kwargs: Any,
 ) -> xr.Dataset:
-    """:meth:`RegularGrid.over` then :func:`predict_grid`; see both for the arguments."""
-    grid = RegularGrid.over(region, resolution, crs=crs)
-    return predict_grid(
-        model, grid, refs=refs, time=time, max_distance=max_distance, chunk_rows=chunk_rows, store=store,
-        progress=progress,
-    )
+    """:meth:`RegularGrid.over` then :func:`predict_grid` (``kwargs`` go to it); see both."""
+    return predict_grid(model, RegularGrid.over(region, resolution, crs=crs), time=time, **kwargs)
 
 
 def open_grid(path: str | Path) -> xr.Dataset:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtr
 
 #: Two-sided 95% standard-normal quantile.
 Z95 = 1.959964
@@ -69,3 +70,45 @@ class Prediction:
         """The predictions at ``index`` (boolean mask or integer positions)."""
         extra = None if self.measurement_sd is None else self.measurement_sd[index]
         return Prediction(self.mean[index], self.sd[index], extra)
+
+
+def to_data_units(mean: np.ndarray, sd: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Back-transform a log10 Gaussian to data units (Mbps or ms): ``(median, lower, upper)``,
+    ``10**mean`` and the 95% interval ``10**(mean -/+ 1.959964 sd)``, each shaped like ``mean``."""
+    mean, sd = np.asarray(mean, dtype=np.float64), np.asarray(sd, dtype=np.float64)
+    return 10.0**mean, 10.0 ** (mean - Z95 * sd), 10.0 ** (mean + Z95 * sd)
+
+
+def probability_below(mean: np.ndarray, sd: np.ndarray, level: float) -> np.ndarray:
+    """P(Y < level) for Y ~ N(mean, sd^2), elementwise; ``level`` in the same (log10) units."""
+    return ndtr((level - np.asarray(mean, dtype=np.float64)) / np.asarray(sd, dtype=np.float64))
+
+
+@dataclass
+class ChangePrediction:
+    """The joint-posterior change of the latent log10 surface between two quarters, per point.
+
+    Attributes:
+        mean: (n,) E[f(x, t_to) - f(x, t_from)], log10 units.
+        sd: (n,) its standard deviation under the joint posterior (not the difference of
+            two marginal sds: the two quarters' errors are strongly correlated).
+        mean_from, mean_to: (n,) E[f] at the two quarters, log10 units.
+    """
+
+    mean: np.ndarray
+    sd: np.ndarray
+    mean_from: np.ndarray
+    mean_to: np.ndarray
+
+    @property
+    def p_increase(self) -> np.ndarray:
+        """(n,) P(f(x, t_to) > f(x, t_from))."""
+        return 1.0 - probability_below(self.mean, self.sd, 0.0)
+
+    @property
+    def median_change(self) -> np.ndarray:
+        """(n,) 10**mean_to - 10**mean_from: the change of the median in data units (Mbps or ms)."""
+        return 10.0**self.mean_to - 10.0**self.mean_from
+
+    def __len__(self) -> int:
+        return len(self.mean)

@@ -145,6 +145,101 @@ class Regressor:
         ]
         return (np.concatenate(blocks) if blocks else np.empty(0)) * self.y_std**2
 
+    @property
+    def tile_noise_variance(self) -> float:
+        """sigma0^2 in target units^2: the noise left in a tile mean of many tests."""
+        with torch.no_grad():
+            return float(self.model.noise()) * self.y_std**2
+
+    # --- joint posterior of linear functionals of f ----------------------------------------
+    def _factors(self, X: np.ndarray) -> Any:
+        """:class:`~geodbk.models.basis_gp.PosteriorFactors` of ``X`` (n, d) in float64."""
+        if not hasattr(self.model, "posterior_factors"):
+            raise InputDataError(f"the {self.kind} model has no joint posterior (it is not a GP)")
+        self.model.eval()
+        factors = self.model.posterior_factors(self._tensor(X))
+        for name in ("plus", "minus", "rbf_inputs", "rbf_outputscale", "diagonal"):
+            value = getattr(factors, name)
+            if value is not None:
+                setattr(factors, name, value.double())
+        return factors
+
+    @torch.no_grad()
+    def difference_variance(self, X_from: np.ndarray, X_to: np.ndarray, batch_size: int = 65536) -> np.ndarray:
+        """Var_q[f(X_to_i) - f(X_from_i)] of the latent function, (n,) in target units^2.
+
+        Exact under the fitted posterior (for a basis GP ``||L^T (phi(x_to) - phi(x_from))||^2``;
+        inducing-point kinds add their residual covariance), from
+        :meth:`~geodbk.models.basis_gp.BasisGP.posterior_factors`. Rows are paired; X (n, d).
+        """
+        X_from, X_to = as_inputs(X_from, self.input_dim, "X_from"), as_inputs(X_to, self.input_dim, "X_to")
+        if X_from.shape != X_to.shape:
+            raise InputDataError(f"X_from {X_from.shape} and X_to {X_to.shape} must pair up row by row")
+        out = np.empty(len(X_from))
+        for start in range(0, len(X_from), batch_size):
+            rows = slice(start, start + batch_size)
+            a, b = self._factors(X_from[rows]), self._factors(X_to[rows])
+            var = (b.plus - a.plus).pow(2).sum(-1)
+            if a.minus is not None:
+                var = var - (b.minus - a.minus).pow(2).sum(-1)
+            if a.rbf_inputs is not None:
+                var = var + 2.0 * a.rbf_outputscale * (1.0 - torch.exp(-0.5 * (b.rbf_inputs - a.rbf_inputs).pow(2).sum(-1)))
+            if a.diagonal is not None:
+                var = var + a.diagonal + b.diagonal
+            out[rows] = var.clamp_min(0.0).cpu().numpy()
+        return out * self.y_std**2
+
+    @torch.no_grad()
+    def weighted_sum_variance(
+        self, X: np.ndarray, weights: np.ndarray, groups: np.ndarray, n_groups: int, batch_size: int = 16384
+    ) -> np.ndarray:
+        """Var_q[sum_{i in g} w_i f(X_i)] of the latent function for each group g, (n_groups,)
+        in target units^2.
+
+        ``X`` (n, d); ``weights`` (n,); ``groups`` (n,) integers in [0, n_groups). Exact: the
+        low-rank parts cost O(n r) (for a basis GP, ``||L^T sum_i w_i phi(x_i)||^2``); the
+        Nystrom residual of inducing-point kinds adds pairwise sums within each group.
+        """
+        X = as_inputs(X, self.input_dim)
+        weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+        groups = np.asarray(groups, dtype=np.int64).reshape(-1)
+        if not (len(weights) == len(groups) == len(X)):
+            raise InputDataError(f"X, weights and groups need one row each, got {len(X)}, {len(weights)}, {len(groups)}")
+        if len(groups) and (groups.min() < 0 or groups.max() >= n_groups):
+            raise InputDataError(f"groups must be integers in [0, {n_groups})")
+        order = np.argsort(groups, kind="stable")
+        X, weights, groups = X[order], weights[order], groups[order]
+        device = self.device
+        plus = minus = None
+        diagonal = torch.zeros(n_groups, dtype=torch.float64, device=device)
+        kernel_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        scale = None
+        for start in range(0, len(X), batch_size):
+            rows = slice(start, start + batch_size)
+            f = self._factors(X[rows])
+            w = torch.as_tensor(weights[rows], dtype=torch.float64, device=device)
+            g = torch.as_tensor(groups[rows], device=device)
+            if plus is None:
+                plus = torch.zeros(n_groups, f.plus.shape[1], dtype=torch.float64, device=device)
+            plus.index_add_(0, g, w[:, None] * f.plus)
+            if f.minus is not None:
+                if minus is None:
+                    minus = torch.zeros(n_groups, f.minus.shape[1], dtype=torch.float64, device=device)
+                minus.index_add_(0, g, w[:, None] * f.minus)
+            if f.diagonal is not None:
+                diagonal.index_add_(0, g, w**2 * f.diagonal)
+            if f.rbf_inputs is not None:
+                kernel_rows.append((f.rbf_inputs, w, g))
+                scale = f.rbf_outputscale
+        var = diagonal.clone()
+        if plus is not None:
+            var += plus.pow(2).sum(-1)
+        if minus is not None:
+            var -= minus.pow(2).sum(-1)
+        if kernel_rows:
+            var += scale * _grouped_rbf_quadratic_form(*(torch.cat(parts) for parts in zip(*kernel_rows)), n_groups, batch_size)
+        return var.clamp_min(0.0).cpu().numpy() * self.y_std**2
+
     # --- persistence -----------------------------------------------------------------------
     def to_payload(self) -> dict[str, Any]:
         """Everything needed to rebuild the regressor, as a torch-saveable dict."""
@@ -214,6 +309,27 @@ def read_payload(path: str | Path, device: str | torch.device = "cpu") -> dict[s
     if not isinstance(payload, dict):
         raise InputDataError(f"{path} is not a geodbk model file")
     return payload
+
+
+def _grouped_rbf_quadratic_form(
+    z: torch.Tensor, w: torch.Tensor, groups: torch.Tensor, n_groups: int, block: int
+) -> torch.Tensor:
+    """sum_{i, j in g} w_i w_j exp(-0.5 ||z_i - z_j||^2) for each group g: (n_groups,).
+
+    Rows must be sorted by group; each group is summed in (block x block) tiles, so memory is
+    O(block^2) and time O(sum_g n_g^2).
+    """
+    out = torch.zeros(n_groups, dtype=z.dtype, device=z.device)
+    bounds = torch.searchsorted(groups, torch.arange(n_groups + 1, device=groups.device)).tolist()
+    for g in range(n_groups):
+        lo, hi = bounds[g], bounds[g + 1]
+        for i in range(lo, hi, block):
+            zi, wi = z[i : min(i + block, hi)], w[i : min(i + block, hi)]
+            for j in range(lo, hi, block):
+                zj, wj = z[j : min(j + block, hi)], w[j : min(j + block, hi)]
+                sq = (zi * zi).sum(-1, keepdim=True) + (zj * zj).sum(-1) - 2.0 * zi @ zj.T
+                out[g] += wi @ torch.exp(-0.5 * sq.clamp_min(0.0)) @ wj
+    return out
 
 
 def build_model(kind: str, input_dim: int, config: ModelConfig) -> nn.Module:

@@ -44,6 +44,8 @@ FIT_ROWS = 3000
 FIT_ITERATIONS = 150
 #: Rows per batched solve (bounds the (rows, m, m) temporaries to about 30 MB).
 _CHUNK = 16384
+#: Pairs of points farther apart than this many ranges are left out of area variances.
+AREA_CUTOFF_RANGES = 4.0
 #: Distance below which two tile centres are the same tile, metres.
 _SAME_TILE_M = 1.0
 #: Bounds of the hyperparameters in :meth:`ResidualField.fit` (LocalKernel field order): no
@@ -149,16 +151,75 @@ class ResidualField:
         pairwise = np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1))
         return index, distance, years[:, None] - t, pairwise, t[:, :, None] - t[:, None, :]
 
-    def _solve(self, geometry: tuple[np.ndarray, ...], kernel: LocalKernel) -> tuple[np.ndarray, np.ndarray]:
-        index, distance, lag, pairwise, pairwise_lag = geometry
+    def _gram(self, index: np.ndarray, pairwise: np.ndarray, pairwise_lag: np.ndarray, kernel: LocalKernel) -> np.ndarray:
+        """A = K_mm + s D_m, (n, m, m): the neighbours' local kernel plus their scaled noise."""
         gram = kernel(pairwise, pairwise_lag)
         diagonal = np.arange(index.shape[1])
         gram[:, diagonal, diagonal] += kernel.variance_scale * self.noise_var[index]
+        return gram
+
+    def _solve(self, geometry: tuple[np.ndarray, ...], kernel: LocalKernel) -> tuple[np.ndarray, np.ndarray]:
+        index, distance, lag, pairwise, pairwise_lag = geometry
         cross = kernel(distance, lag)  # (n, m)
+        gram = self._gram(index, pairwise, pairwise_lag, kernel)
         solved = np.linalg.solve(gram, np.stack([self.residual[index], cross], axis=-1))
         mean = (cross * solved[..., 0]).sum(-1)
         var = np.maximum(kernel.prior_var - (cross * solved[..., 1]).sum(-1), 0.0)
         return mean, var
+
+    def change_variance(self, lonlat: np.ndarray, years_from: np.ndarray, years_to: np.ndarray) -> np.ndarray:
+        """Conditional variance (n,) of the residual's change r(x, t_to) - r(x, t_from) at
+        ``lonlat`` (n, 2) degrees between ``years_from`` and ``years_to`` (n,).
+
+        Both times share the neighbourhood (it depends on the place only), so the pair is
+        conditioned jointly: with d = k_to - k_from (m,), the variance is
+        2 (k(0, 0) - k(0, dt)) - d^T A^{-1} d. (The kriged change itself is the difference of
+        :meth:`condition` at the two times.)
+        """
+        n = len(lonlat)
+        years_from = np.broadcast_to(np.asarray(years_from, dtype=np.float64), (n,))
+        years_to = np.broadcast_to(np.asarray(years_to, dtype=np.float64), (n,))
+        kernel = self.kernel
+        var = np.empty(n)
+        for start in range(0, n, _CHUNK):
+            rows = slice(start, start + _CHUNK)
+            index, distance, lag, pairwise, pairwise_lag = self._geometry(lonlat[rows], years_from[rows])
+            step = years_to[rows] - years_from[rows]
+            d = kernel(distance, lag + step[:, None]) - kernel(distance, lag)
+            solved = np.linalg.solve(self._gram(index, pairwise, pairwise_lag, kernel), d[..., None])[..., 0]
+            together = kernel(np.zeros(len(step)), step)
+            var[rows] = np.maximum(2.0 * (kernel.prior_var - together) - (d * solved).sum(-1), 0.0)
+        return var
+
+    def area_variance(
+        self, lonlat: np.ndarray, variance: np.ndarray, weights: np.ndarray, groups: np.ndarray, n_groups: int
+    ) -> np.ndarray:
+        """Variance of sum_{i in g} w_i r_i for each group g, (n_groups,), at one time.
+
+        Nearest-neighbour kriging gives each point its own conditional variance v_i but no
+        joint covariance; between points the prior correlation of the local kernel is used,
+        ``Cov(r_i, r_j) = rho(d_ij) sqrt(v_i v_j)`` (rho = 1 within a tile). That is a valid
+        covariance, exact on the diagonal. Pairs farther apart than :data:`AREA_CUTOFF_RANGES`
+        ranges (correlation below exp(-4)) are left out. Inputs: ``lonlat`` (n, 2) degrees,
+        ``variance`` (n,) conditional variances, ``weights`` (n,), ``groups`` (n,) integers.
+        """
+        xy = self.projection.to_metres(tile_centres(np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)))
+        a = np.asarray(weights, np.float64) * np.sqrt(np.maximum(np.asarray(variance, np.float64), 0.0))
+        groups = np.asarray(groups, dtype=np.int64)
+        out = np.bincount(groups, weights=a**2, minlength=n_groups).astype(np.float64)
+        cutoff = AREA_CUTOFF_RANGES * self.kernel.range_m
+        for g in np.unique(groups):
+            members = np.flatnonzero(groups == g)
+            if len(members) < 2:
+                continue
+            pairs = cKDTree(xy[members]).query_pairs(cutoff, output_type="ndarray")
+            if len(pairs) == 0:
+                continue
+            i, j = members[pairs[:, 0]], members[pairs[:, 1]]
+            distance = np.sqrt(((xy[i] - xy[j]) ** 2).sum(-1))
+            rho = self.kernel(distance, np.zeros(len(distance))) / self.kernel.prior_var
+            out[g] += 2.0 * float((a[i] * a[j] * rho).sum())
+        return out
 
     @classmethod
     def fit(

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import rasterio
 import shapely
+from scipy.stats import norm
 
 from geodbk.errors import InputDataError
 from geodbk.export import (
@@ -69,16 +70,21 @@ def test_geotiff_reopens_with_crs_transform_bands_and_nodata(tmp_path, grid_ds) 
         assert tuple(src.transform)[:6] == pytest.approx(tuple(grid.transform)[:6], abs=1e-12)
         assert (src.height, src.width) == grid.shape
         assert src.descriptions == (
-            "mean", "sd", "pi_width", "mean_mbps", "lower_mbps", "upper_mbps", "kernel_slice:metro", "kernel_slice:hills",
+            "mean", "sd", "pi_width", "mean_mbps", "lower_mbps", "upper_mbps", "p_below",
+            "kernel_slice:metro", "kernel_slice:hills",
         )
         assert src.nodata == GEOTIFF_NODATA
         assert src.tags(1)["units"] == "log10(Mbps)" and src.tags(4)["units"] == "Mbps"
         mean = src.read(1)
-        ks = src.read(8)
+        p_below = src.read(7)
+        ks = src.read(9)
         # a cell inside the region: the model at the cell centre
         i, j = grid.height // 2, grid.width // 3
         lon, lat = src.xy(i, j)
         assert mean[i, j] == pytest.approx(plane_mean(lon, lat), rel=1e-6)
+        sd = src.read(2)[i, j]
+        assert p_below[i, j] == pytest.approx(norm.cdf((np.log10(35.0) - mean[i, j]) / sd), rel=1e-5)
+        assert src.tags(7)["units"] == "1"
         assert ks[i, j] == pytest.approx(np.exp(-((lon + 66.6) ** 2 + (lat - 18.1) ** 2)), rel=1e-6)
         # cells outside the circle are nodata, in every band, and masked by rasterio
         inside = grid.inside_mask()

@@ -11,7 +11,6 @@ import shapely
 
 from geodbk.errors import InputDataError
 from geodbk.grids import (
-    Z95,
     RegularGrid,
     open_grid,
     parse_refs,
@@ -20,6 +19,8 @@ from geodbk.grids import (
     predict_region,
     reference_points,
 )
+
+from geodbk.prediction import Z95
 
 PR_BBOX = (-67.3, 17.9, -65.6, 18.55)
 

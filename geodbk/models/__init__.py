@@ -1,7 +1,7 @@
 """Deep basis maps, the low-rank GP on them, training objectives and the model zoo."""
 
 from geodbk.models.backbone import IdentityBackbone, ResidualBlock, ResNetBackbone
-from geodbk.models.basis_gp import BasisGP, BasisMap, GPOutput, Noise, PointNetwork
+from geodbk.models.basis_gp import BasisGP, BasisMap, GPOutput, Noise, PointNetwork, PosteriorFactors
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion, jittered_cholesky
 from geodbk.models.objectives import (
@@ -20,7 +20,7 @@ from geodbk.models.zoo import ModelSpec, available_models, get_model_spec, regis
 
 __all__ = [
     "BasisGP", "BasisMap", "DPPGP", "ExactMarginalLikelihood", "GPOutput", "IdentityBackbone",
-    "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PointNetwork",
+    "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PointNetwork", "PosteriorFactors",
     "RBFInducingExpansion", "ResNetBackbone", "ResidualBlock", "SVGPELBO", "SiLUExpansion",
     "VBLLELBO", "available_models", "exact_posterior", "gaussian_nll", "get_model_spec",
     "jittered_cholesky", "register_model", "unregister_model", "woodbury_log_marginal",

@@ -57,6 +57,34 @@ class GPOutput:
         return self.var_f + (self.noise if self.tile_noise is None else self.tile_noise)
 
 
+@dataclass
+class PosteriorFactors:
+    """The posterior covariance of the latent f at n inputs, in factored form.
+
+    ``Cov_q(f(x_i), f(x_j)) = <plus_i, plus_j> - <minus_i, minus_j> + k(z_i, z_j) + [i = j] diagonal_i``
+
+    where ``k(z_i, z_j) = rbf_outputscale * exp(-0.5 ||z_i - z_j||^2)`` is an RBF kernel on
+    inputs already divided by their lengthscales. Its diagonal is ``var_f`` of
+    :class:`GPOutput`. Linear functionals of f (a change between quarters, an average over
+    an area) get their exact variances from these factors without an n x n matrix: the
+    plus and minus parts cost O(n r), and only the kernel part, present in the inducing-point
+    kinds that carry their Nystrom residual, needs pairwise sums.
+
+    Attributes:
+        plus: (n, p) features of the positive low-rank part (``L^T phi`` for a basis GP).
+        minus: (n, q) features subtracted (the Nystrom projection), or ``None``.
+        rbf_inputs: (n, h) lengthscale-scaled inputs z of the kernel part, or ``None``.
+        rbf_outputscale: () the kernel part's s^2 (used with ``rbf_inputs``).
+        diagonal: (n,) variance independent between inputs, or ``None``.
+    """
+
+    plus: torch.Tensor
+    minus: torch.Tensor | None = None
+    rbf_inputs: torch.Tensor | None = None
+    rbf_outputscale: torch.Tensor | None = None
+    diagonal: torch.Tensor | None = None
+
+
 class BasisMap(nn.Module):
     """phi(x) = expansion(backbone(x)): (n, d) -> (n, r)."""
 
@@ -186,6 +214,19 @@ class BasisGP(nn.Module):
         return GPOutput(
             mean=mean, var_f=var_f, noise=self.noise(tests), phi=phi, residual=residual, tile_noise=self.noise()
         )
+
+    def posterior_factors(self, x: torch.Tensor) -> PosteriorFactors:
+        """Cov_q(f(x), f(x')) = (L^T phi) . (L^T phi') (+ the Nystrom residual k - phi . phi'):
+        see :class:`PosteriorFactors`; ``x`` (n, d)."""
+        g = self.basis.backbone(x)
+        phi = self.basis.expansion(g)
+        factors = PosteriorFactors(plus=phi @ self.chol_factor)
+        if self.include_residual:
+            expansion = self.basis.expansion
+            factors.minus = phi
+            factors.rbf_inputs = g / expansion.log_lengthscale.exp()
+            factors.rbf_outputscale = expansion.outputscale
+        return factors
 
     def kl_divergence(self) -> torch.Tensor:
         """KL(N(m, L L^T) || N(0, I_r)) = 0.5 (||m||^2 + ||L||_F^2 - log|L L^T| - r)."""

@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from geodbk.models.basis_gp import GPOutput, Noise
+from geodbk.models.basis_gp import GPOutput, Noise, PosteriorFactors
 from geodbk.models.expansions import ard_rbf, default_jitter, jittered_cholesky
 from geodbk.models.objectives import Objective, gaussian_nll
 
@@ -124,6 +124,17 @@ class DecoupledSVGP(nn.Module):
         mean = phi_q @ self.variational_mean + self.constant_mean
         var_f = t["ktilde"] + (phi_q @ self.chol_factor).pow(2).sum(-1)
         return GPOutput(mean=mean, var_f=var_f, noise=self.noise(), phi=phi_q, residual=t["ktilde"])
+
+    def posterior_factors(self, x: torch.Tensor) -> PosteriorFactors:
+        """Cov(f(x), f(x')) = K(x, x') - a_K . a_K' + (L_S^T phi_Q) . (L_S^T phi_Q'), with
+        a_K = L_K^{-1} K_Zx: see :class:`~geodbk.models.basis_gp.PosteriorFactors`."""
+        t = self._terms(x)
+        return PosteriorFactors(
+            plus=t["phi_q"] @ self.chol_factor,
+            minus=t["a_k"].T,
+            rbf_inputs=x / self.log_lengthscale_covar.exp(),
+            rbf_outputscale=self.outputscale,
+        )
 
     def kl_divergence(self) -> torch.Tensor:
         """KL(N(m_bar, S_bar) || N(0, Kbar)) with Kbar = B B^T, B = L_Q^{-1} L_K."""

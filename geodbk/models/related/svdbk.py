@@ -28,7 +28,7 @@ import math
 import torch
 from torch import nn
 
-from geodbk.models.basis_gp import BasisGP, BasisMap, GPOutput
+from geodbk.models.basis_gp import BasisGP, BasisMap, GPOutput, PosteriorFactors
 from geodbk.models.objectives import Objective, gaussian_nll
 
 
@@ -87,6 +87,14 @@ class CorrectedBasisGP(BasisGP):
             out.var_f = out.var_f + correction
             out.residual = correction
         return out
+
+    def posterior_factors(self, x: torch.Tensor) -> PosteriorFactors:
+        """The BasisGP factors plus, in eval mode, the correction c(x) as an independent diagonal."""
+        factors = super().posterior_factors(x)
+        if self.correct and not self.training:
+            sq_norm = self.basis(x).pow(2).sum(-1)
+            factors.diagonal = torch.clamp(self.max_train_sq_norm - sq_norm, min=0.0)
+        return factors
 
     @torch.no_grad()
     def set_max_train_sq_norm(self, x: torch.Tensor, chunk_size: int = 65536) -> None:

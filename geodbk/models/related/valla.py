@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from geodbk.models.basis_gp import GPOutput, Noise, PointNetwork
+from geodbk.models.basis_gp import GPOutput, Noise, PointNetwork, PosteriorFactors
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import jittered_cholesky
 from geodbk.models.objectives import _LOG_2PI, Objective, gaussian_nll
@@ -103,6 +103,13 @@ class LastLayerVaLLA(nn.Module):
         _, w = self._inducing_terms()
         var_f = (phi.pow(2).sum(-1) - (phi @ w.T).pow(2).sum(-1)).clamp_min(0.0)
         return GPOutput(mean=mean, var_f=var_f, noise=self.noise(), phi=phi)
+
+    def posterior_factors(self, x: torch.Tensor) -> PosteriorFactors:
+        """Cov(f(x), f(x')) = kappa(x, x') - (W phi) . (W phi'): the prior features minus
+        their projection (see :class:`~geodbk.models.basis_gp.PosteriorFactors`)."""
+        phi = self.features(x)
+        _, w = self._inducing_terms()
+        return PosteriorFactors(plus=phi, minus=phi @ w.T)
 
     def kl_divergence(self) -> torch.Tensor:
         """1/2 log|I + L^T K_Z L| - 1/2 tr(K_Z L (I + L^T K_Z L)^{-1} L^T)."""

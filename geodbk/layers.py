@@ -1,0 +1,256 @@
+"""What a prediction grid holds: variable names, CF attributes, and their values at a block of cells.
+
+:class:`GridLayers` is built once per grid (:meth:`GridLayers.for_model`) and then asked for
+the values at the cells of each block (:meth:`GridLayers.values`). Variables, float32, NaN
+outside the region (``<u>`` is the data unit in lower case: ``mbps`` or ``ms``):
+
+Per quarter, dims ``(y, x)``, or ``(time, y, x)`` when several quarters are mapped:
+
+========================  =======================================================
+``mean``                  predictive mean of log10(value), the tile-mean surface
+``sd``                    predictive standard deviation of log10(value)
+``pi_width``              width of the 95% prediction interval, 2 * 1.959964 * sd
+``mean_<u>``              10 ** mean, the median value in data units
+``lower_<u>``             10 ** (mean - 1.959964 sd)
+``upper_<u>``             10 ** (mean + 1.959964 sd)
+``p_below``               P(tile-mean value < threshold) (when there is a threshold;
+                          defaults in :mod:`geodbk.thresholds`)
+========================  =======================================================
+
+Between two quarters (``change``), dims ``(y, x)``; GP models only:
+
+========================  =======================================================
+``change``                E[f(x, t_to) - f(x, t_from)], log10 units
+``change_sd``             its standard deviation under the joint posterior
+``p_increase``            P(f(x, t_to) > f(x, t_from))
+``change_<u>``            10 ** mean(t_to) - 10 ** mean(t_from), data units
+========================  =======================================================
+
+``kernel_slice`` (dims ``(ref, y, x)``): the prior kernel k(x, x_ref) in log10 units
+squared at the last mapped quarter (GP models only).
+
+Several quarters give a CF ``time`` coordinate (the first day of each quarter, with
+``time_bounds`` to the first day of the next) and a ``quarter`` label coordinate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from geodbk.errors import InputDataError
+from geodbk.inputs import parse_quarter_label, parse_time
+from geodbk.prediction import Z95, probability_below, to_data_units
+from geodbk.thresholds import THRESHOLD_SOURCE, check_threshold, default_threshold
+
+#: ``threshold=DEFAULT`` asks for the benchmark of the model's service and target.
+DEFAULT = "default"
+
+Dims = tuple[str, ...]
+
+
+def model_meta(model: Any) -> dict[str, Any]:
+    """The model's ``meta`` mapping (target, units, kind, ...), or ``{}``."""
+    meta = getattr(model, "meta", None)
+    return dict(meta) if isinstance(meta, Mapping) else {}
+
+
+def quarter_start(label: str) -> pd.Timestamp:
+    """``"2023Q4"`` -> 2023-10-01, the CF time value of a quarter."""
+    year, quarter = parse_quarter_label(label)
+    return pd.Timestamp(year=year, month=3 * (quarter - 1) + 1, day=1)
+
+
+@dataclass(frozen=True)
+class GridLayers:
+    """The variables of one grid and how to compute them.
+
+    Attributes:
+        target, units: what the model predicts (``download``, ``Mbps``).
+        quarters: the mapped quarters (``(None,)`` for a time-free model).
+        stacked: several quarters along a ``time`` dimension (else 2-D layers).
+        threshold: the ``p_below`` threshold in data units, or ``None`` for no such layer.
+        change: ``(from, to)`` quarters of the change layers, or ``None``.
+        ref_names: names of the kernel-slice reference points.
+        ref_lonlat: (k, 2) their lon/lat in degrees, or ``None``.
+    """
+
+    target: str
+    units: str
+    quarters: tuple[str | None, ...]
+    stacked: bool
+    threshold: float | None = None
+    change: tuple[str, str] | None = None
+    ref_names: tuple[str, ...] = ()
+    ref_lonlat: np.ndarray | None = None
+
+    @classmethod
+    def for_model(
+        cls,
+        model: Any,
+        *,
+        time: str | Sequence[str] | None = None,
+        threshold: float | str | None = DEFAULT,
+        change: tuple[str, str] | Sequence[str] | None = None,
+        refs: Mapping[str, tuple[float, float]] | None = None,
+    ) -> "GridLayers":
+        """Resolve the grid's contents for ``model`` (see :func:`geodbk.grids.predict_grid`)."""
+        meta = model_meta(model)
+        has_kernel = bool(getattr(model, "has_kernel", True))
+        latest = getattr(model, "latest_quarter", None)
+        stacked = time is not None and not isinstance(time, str)
+        quarters: tuple[str | None, ...] = tuple(time) if stacked else (time or latest,)  # type: ignore[arg-type]
+        if not quarters:
+            raise InputDataError("give at least one quarter to map")
+        if stacked and latest is None:
+            raise InputDataError("a time-free model (paper protocol) maps one pooled surface, not several quarters")
+        for quarter in quarters:
+            if quarter is not None:
+                _check_quarter(quarter)
+        if stacked and len(set(quarters)) != len(quarters):
+            raise InputDataError(f"quarters repeat: {', '.join(map(str, quarters))}")
+        if threshold == DEFAULT:
+            level = default_threshold(meta)
+        else:
+            level = None if threshold is None else check_threshold(float(threshold))
+        pair = None
+        if change is not None:
+            pair = tuple(change)
+            if len(pair) != 2:
+                raise InputDataError(f"a change is between two quarters, from and to; got {change!r}")
+            for quarter in pair:
+                _check_quarter(quarter)
+            if latest is None or not has_kernel:
+                raise InputDataError(
+                    f"change maps need a space-time GP model; {meta.get('kind', 'this model')} "
+                    + ("is time-free" if latest is None else "is not a GP")
+                )
+        names: tuple[str, ...] = ()
+        ref_lonlat = None
+        if refs and has_kernel:
+            names = tuple(refs)
+            ref_lonlat = np.asarray([tuple(map(float, refs[n])) for n in names], dtype=np.float64)
+            if ref_lonlat.shape != (len(names), 2) or not np.isfinite(ref_lonlat).all():
+                raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
+        return cls(
+            str(meta.get("target", "download")), str(meta.get("units", "Mbps")), quarters, stacked, level,
+            pair, names, ref_lonlat,  # type: ignore[arg-type]
+        )
+
+    @property
+    def key(self) -> str:
+        """The data unit as used in variable names (``mbps``, ``ms``)."""
+        return self.units.lower()
+
+    @property
+    def reference_quarter(self) -> str | None:
+        """The quarter of the kernel slices: the last mapped one."""
+        return self.quarters[-1]
+
+    def per_quarter_names(self) -> list[str]:
+        names = ["mean", "sd", "pi_width", f"mean_{self.key}", f"lower_{self.key}", f"upper_{self.key}"]
+        return names + (["p_below"] if self.threshold is not None else [])
+
+    def change_names(self) -> list[str]:
+        return [] if self.change is None else ["change", "change_sd", "p_increase", f"change_{self.key}"]
+
+    def variables(self) -> dict[str, tuple[Dims, dict[str, Any]]]:
+        """``{name: (dims, CF attributes)}`` of every variable, in order."""
+        u, log_u = self.units, f"log10({self.units})"
+        what = {"download": "download speed", "upload": "upload speed"}.get(self.target, self.target)
+        per_quarter: dict[str, dict[str, Any]] = {
+            "mean": {"long_name": f"predictive mean of log10 {what}", "units": log_u},
+            "sd": {"long_name": f"predictive standard deviation of log10 {what}", "units": log_u},
+            "pi_width": {"long_name": f"width of the 95% prediction interval of log10 {what}", "units": log_u},
+            f"mean_{self.key}": {"long_name": f"predicted median {what} (10**mean)", "units": u},
+            f"lower_{self.key}": {"long_name": f"lower bound of the 95% prediction interval of {what}", "units": u},
+            f"upper_{self.key}": {"long_name": f"upper bound of the 95% prediction interval of {what}", "units": u},
+        }
+        if self.threshold is not None:
+            per_quarter["p_below"] = {
+                "long_name": f"probability that the tile-mean {what} is below {self.threshold:g} {u}",
+                "units": "1",
+                "threshold": self.threshold,
+                "threshold_units": u,
+                "threshold_source": THRESHOLD_SOURCE,
+            }
+        dims: Dims = ("time", "y", "x") if self.stacked else ("y", "x")
+        out = {name: (dims, attrs) for name, attrs in per_quarter.items()}
+        if self.change is not None:
+            start, end = self.change
+            span = f"from {start} to {end}"
+            out["change"] = (("y", "x"), {"long_name": f"change of log10 {what} {span}", "units": log_u,
+                                           "quarter_from": start, "quarter_to": end})
+            out["change_sd"] = (("y", "x"), {"long_name": f"joint-posterior standard deviation of the change {span}",
+                                              "units": log_u, "quarter_from": start, "quarter_to": end})
+            out["p_increase"] = (("y", "x"), {"long_name": f"probability that {what} increased {span}", "units": "1",
+                                               "quarter_from": start, "quarter_to": end})
+            out[f"change_{self.key}"] = (("y", "x"), {"long_name": f"change of the median {what} {span}", "units": u,
+                                                       "quarter_from": start, "quarter_to": end})
+        if self.ref_lonlat is not None:
+            attrs = {"long_name": "prior kernel k(x, x_ref) between each cell and the reference point",
+                     "units": f"log10({u})^2"}
+            if self.reference_quarter is not None:
+                attrs["quarter"] = self.reference_quarter
+            out["kernel_slice"] = (("ref", "y", "x"), attrs)
+        return out
+
+    def sizes(self) -> dict[str, int]:
+        """Lengths of the non-spatial dimensions."""
+        return {"time": len(self.quarters), "ref": len(self.ref_names)}
+
+    def coords(self) -> dict[str, Any]:
+        """The ``time``/``quarter``/``time_bounds`` and ``ref`` coordinates (xarray tuples)."""
+        coords: dict[str, Any] = {}
+        if self.stacked:
+            starts = [quarter_start(str(q)) for q in self.quarters]
+            ends = [start + pd.DateOffset(months=3) for start in starts]
+            coords["time"] = ("time", pd.DatetimeIndex(starts).values,
+                              {"standard_name": "time", "long_name": "first day of the quarter", "axis": "T",
+                               "bounds": "time_bounds"})
+            coords["time_bounds"] = (("time", "bounds"), np.column_stack([pd.DatetimeIndex(starts).values,
+                                                                         pd.DatetimeIndex(ends).values]))
+            coords["quarter"] = ("time", np.asarray(self.quarters, dtype=object), {"long_name": "quarter label"})
+        if self.ref_lonlat is not None:
+            coords["ref"] = ("ref", np.asarray(self.ref_names, dtype=object), {"long_name": "reference point name"})
+            coords["ref_lon"] = ("ref", self.ref_lonlat[:, 0], {"long_name": "reference point longitude", "units": "degrees_east"})
+            coords["ref_lat"] = ("ref", self.ref_lonlat[:, 1], {"long_name": "reference point latitude", "units": "degrees_north"})
+        return coords
+
+    def values(self, model: Any, lonlat: np.ndarray) -> dict[str, np.ndarray]:
+        """Every variable at ``lonlat`` (m, 2) degrees: (m,), or (T, m) / (k, m) with a lead dim."""
+        per_quarter: dict[str, list[np.ndarray]] = {name: [] for name in self.per_quarter_names()}
+        m = len(lonlat)
+        for quarter in self.quarters:
+            pred = model.predict(lonlat, quarter)
+            mean = np.asarray(pred.mean, dtype=np.float64).reshape(-1)
+            sd = np.asarray(pred.sd, dtype=np.float64).reshape(-1)
+            if mean.shape != (m,) or sd.shape != (m,):
+                raise InputDataError(f"model.predict returned mean {mean.shape} / sd {sd.shape} for {m} points")
+            layers = [mean, sd, 2.0 * Z95 * sd, *to_data_units(mean, sd)]
+            if self.threshold is not None:
+                layers.append(probability_below(mean, sd, np.log10(self.threshold)))
+            for name, layer in zip(per_quarter, layers):
+                per_quarter[name].append(layer)
+        out = {name: (np.stack(parts) if self.stacked else parts[0]) for name, parts in per_quarter.items()}
+        if self.change is not None:
+            change = model.predict_change(lonlat, *self.change)
+            out.update(zip(self.change_names(), (change.mean, change.sd, change.p_increase, change.median_change)))
+        if self.ref_lonlat is not None:
+            k = np.asarray(model.kernel_slice(lonlat, self.ref_lonlat, self.reference_quarter), dtype=np.float64)
+            if k.shape != (m, len(self.ref_lonlat)):
+                raise InputDataError(f"model.kernel_slice returned {k.shape}, expected {(m, len(self.ref_lonlat))}")
+            out["kernel_slice"] = k.T
+        return out
+
+
+def _check_quarter(quarter: str) -> None:
+    if not isinstance(quarter, str):
+        raise InputDataError(f"quarters are labels like '2023Q4', got {quarter!r}")
+    parse_time(quarter)
+
+
+__all__ = ["DEFAULT", "GridLayers", "model_meta", "quarter_start"]
