@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -128,6 +128,19 @@ class GeoModel:
             return None if sd is None else np.sqrt(scale * sd**2 + var)
 
         return Prediction(prediction.mean + shift, widened(prediction.sd), widened(prediction.measurement_sd))
+
+    def predict_series(self, lonlat: np.ndarray, times: Sequence[TimeLike], *, batch_size: int = 65536) -> list[Prediction]:
+        """Tile-mean predictions at ``lonlat`` (n, 2) degrees for each of several quarters, one
+        :class:`Prediction` per entry of ``times``. The same as calling :meth:`predict` per
+        quarter, but the local residual field solves each neighbourhood once for all of them."""
+        lonlat = _lonlat(lonlat, "lonlat")
+        gp = [self.regressor.predict(self.features(lonlat, when), batch_size=batch_size) for when in times]
+        if self.residuals is None or not gp:
+            return gp
+        years = np.stack([self.inputs.years(when, len(lonlat)) for when in times])
+        shift, var = self.residuals.condition(lonlat, years)
+        scale = self.residuals.kernel.variance_scale
+        return [Prediction(p.mean + shift[t], np.sqrt(scale * p.sd**2 + var[t])) for t, p in enumerate(gp)]
 
     def predict_tiles(self, tiles: pd.DataFrame) -> Prediction:
         """Predictions for dataset rows (columns lon, lat, year, quarter, tests): each at its own

@@ -52,7 +52,8 @@ class SpatialPredictor(Protocol):
 
     ``predict`` takes ``(n, 2)`` lon/lat in degrees and a quarter (``"2023Q4"``, or None for
     the model's default) and returns an object with ``mean`` and ``sd`` arrays of shape
-    ``(n,)`` in target units (log10 of Mbps or ms). ``kernel_slice`` returns the ``(n, k)``
+    ``(n,)`` in target units (log10 of Mbps or ms); ``predict_series`` returns one such
+    object per quarter of a sequence (what grids call). ``kernel_slice`` returns the ``(n, k)``
     prior kernel between the points and ``k`` reference points, in target units squared;
     it is only called when ``has_kernel`` is true, as is ``predict_change`` (a
     :class:`~geodbk.prediction.ChangePrediction`, for change layers only). ``distance_to_data`` gives metres to the
@@ -62,6 +63,8 @@ class SpatialPredictor(Protocol):
     has_kernel: bool
 
     def predict(self, lonlat: np.ndarray, time: str | None = None) -> Any: ...
+
+    def predict_series(self, lonlat: np.ndarray, times: Sequence[str | None]) -> list[Any]: ...
 
     def predict_change(self, lonlat: np.ndarray, time_from: str, time_to: str) -> Any: ...
 
@@ -245,6 +248,12 @@ class RegularGrid:
         """``(height, width)`` boolean, True where the cell centre is inside the region."""
         locator = _BlockLocator(self)
         return np.concatenate([locator.cells(rows)[1] for rows in self.blocks(self.default_chunk_rows())])
+
+    def cells_inside(self) -> np.ndarray:
+        """(m, 2) lon/lat degrees of the centres of the cells inside the region, row by row."""
+        locator = _BlockLocator(self)
+        parts = [locator.cells(rows)[0] for rows in self.blocks(self.default_chunk_rows())]
+        return np.concatenate(parts) if parts else np.empty((0, 2))
 
     def default_chunk_rows(self) -> int:
         """Rows per block so that a block has about ``DEFAULT_CELLS_PER_CHUNK`` cells."""

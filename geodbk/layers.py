@@ -224,8 +224,7 @@ class GridLayers:
         """Every variable at ``lonlat`` (m, 2) degrees: (m,), or (T, m) / (k, m) with a lead dim."""
         per_quarter: dict[str, list[np.ndarray]] = {name: [] for name in self.per_quarter_names()}
         m = len(lonlat)
-        for quarter in self.quarters:
-            pred = model.predict(lonlat, quarter)
+        for pred in model.predict_series(lonlat, self.quarters):
             mean = np.asarray(pred.mean, dtype=np.float64).reshape(-1)
             sd = np.asarray(pred.sd, dtype=np.float64).reshape(-1)
             if mean.shape != (m,) or sd.shape != (m,):

@@ -65,8 +65,9 @@ def state_boundaries() -> gpd.GeoDataFrame:
     return states.to_crs(4326)
 
 
-def read_polygons(source: str | Path, *, what: str = "region") -> gpd.GeoDataFrame:
-    """Read a polygon file (GeoJSON, shapefile or zip, GeoPackage) in EPSG:4326.
+def read_polygons(source: str | Path, *, what: str = "region", keep_crs: bool = False) -> gpd.GeoDataFrame:
+    """Read a polygon file (GeoJSON, shapefile or zip, GeoPackage, GeoParquet) in EPSG:4326,
+    or in the file's own CRS with ``keep_crs``.
 
     Raises:
         InputDataError: the file is missing, unreadable, empty, has no CRS, or holds no
@@ -77,8 +78,8 @@ def read_polygons(source: str | Path, *, what: str = "region") -> gpd.GeoDataFra
         raise InputDataError(f"{what} file not found: {path}")
     uri = f"zip://{path}" if path.suffix.lower() == ".zip" else str(path)
     try:
-        frame = gpd.read_file(uri)
-    except Exception as err:  # pyogrio raises several error types for unreadable files
+        frame = gpd.read_parquet(path) if path.suffix.lower() in (".parquet", ".geoparquet") else gpd.read_file(uri)
+    except Exception as err:  # pyogrio and pyarrow raise several error types for unreadable files
         raise InputDataError(f"cannot read {what} file {path}: {err}") from err
     if len(frame) == 0:
         raise InputDataError(f"{what} file {path} has no features")
@@ -91,7 +92,7 @@ def read_polygons(source: str | Path, *, what: str = "region") -> gpd.GeoDataFra
     kinds = set(frame.geom_type.unique())
     if not kinds or not kinds <= {"Polygon", "MultiPolygon"}:
         raise InputDataError(f"{what} file {path} must hold polygons, found {sorted(kinds)}")
-    return frame.to_crs(4326)
+    return frame if keep_crs else frame.to_crs(4326)
 
 
 def _lookup_state(key: str) -> pd.Series | None:

@@ -134,14 +134,25 @@ class ResidualField:
         return xy, distance.reshape(len(xy), -1), index.reshape(len(xy), -1)
 
     def condition(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Kriged residual (n,) and its conditional variance k(x,x) - k_m^T A^{-1} k_m (n,) at
-        ``lonlat`` (n, 2) degrees and ``years`` (n,)."""
-        years = np.broadcast_to(np.asarray(years, dtype=np.float64), (len(lonlat),))
-        mean, var = np.empty(len(lonlat)), np.empty(len(lonlat))
+        """Kriged residual and its conditional variance k(x,x) - k_m^T A^{-1} k_m at ``lonlat``
+        (n, 2) degrees and ``years``: (n,) gives (n,) results; (T, n), several times for the
+        same points, gives (T, n) and solves each neighbourhood once for all T."""
+        years = np.asarray(years, dtype=np.float64)
+        series = years.ndim == 2
+        years = years if series else np.broadcast_to(years, (len(lonlat),))[None, :]
+        mean, var = np.empty(years.shape), np.empty(years.shape)
         for start in range(0, len(lonlat), _CHUNK):
             rows = slice(start, start + _CHUNK)
-            mean[rows], var[rows] = self._solve(self._geometry(lonlat[rows], years[rows]), self.kernel)
-        return mean, var
+            index, distance, lag, pairwise, pairwise_lag = self._geometry(lonlat[rows], years[0, rows])
+            gram = self._gram(index, pairwise, pairwise_lag, self.kernel)
+            shifts = (years[:, rows] - years[0, rows])[:, :, None]  # (T, n, 1)
+            cross = self.kernel(np.broadcast_to(distance, shifts.shape[:2] + distance.shape[1:]), lag + shifts)  # (T, n, m)
+            rhs = np.concatenate([self.residual[index][..., None], np.moveaxis(cross, 0, -1)], axis=-1)
+            solved = np.linalg.solve(gram, rhs)  # (n, m, 1 + T)
+            mean[:, rows] = np.einsum("tnm,nm->tn", cross, solved[..., 0])
+            explained = np.einsum("tnm,nmt->tn", cross, solved[..., 1:])
+            var[:, rows] = np.maximum(self.kernel.prior_var - explained, 0.0)
+        return (mean, var) if series else (mean[0], var[0])
 
     def _geometry(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
         """What conditioning needs besides the kernel: neighbour indices (n, m), query-neighbour

@@ -24,6 +24,8 @@ from geodbk.errors import InputDataError
 from geodbk.export import write_geotiff, write_tile_predictions
 from geodbk.geomodel import GeoModel, fit_dataset, map_model_config
 from geodbk.grids import RegularGrid, predict_grid, reference_points
+from geodbk.inputs import parse_quarter_label
+from geodbk.layers import DEFAULT
 from geodbk.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
 from geodbk.models.config import ModelConfig
 from geodbk.train import TrainConfig
@@ -81,7 +83,12 @@ class DemoConfig:
         protocol: ``"space-time"`` (default) or the paper's ``"paper"`` (see
             :mod:`geodbk.inputs`).
         split: ``"random"``, ``"spatial-block"`` or ``"forecast"`` (see :mod:`geodbk.splits`).
-        map_quarter: the quarter the maps show; default the latest fitted quarter.
+        map_quarter: map only this quarter (2-D layers); default every fitted quarter along a
+            CF ``time`` dimension (the dashboard's quarter slider).
+        change: ``(from, to)`` quarters of the change layers (GP kinds); default the year to
+            the latest fitted quarter (or the first fitted quarter, if that is later).
+        threshold: speed benchmark of the ``p_below`` layer in data units; default the
+            FCC's for the service and target (:mod:`geodbk.thresholds`).
         max_distance: leave map cells farther than this many metres from a training tile empty.
         epochs: training epochs per model; ``None`` = the schedule's (CPU or paper).
         lr: AdamW learning rate; ``None`` = the schedule's.
@@ -100,6 +107,8 @@ class DemoConfig:
     protocol: str = "space-time"
     split: str = "random"
     map_quarter: str | None = None
+    change: tuple[str, str] | None = None
+    threshold: float | None = None
     max_distance: float | None = None
     epochs: int | None = None
     lr: float | None = None
@@ -145,6 +154,23 @@ def evaluate_on_test(model: GeoModel, dataset: SpatialDataset, split: str = "tes
     rows = dataset.subset(split)
     prediction = model.predict_tiles(rows).measurement()
     return evaluate(rows["y"].to_numpy(np.float64), prediction, rows["urban_rural"].to_numpy().astype(str))
+
+
+def default_change(quarters: Sequence[str]) -> tuple[str, str]:
+    """The year to the latest of ``quarters`` (sorted labels): ``(latest - 4 quarters, latest)``,
+    or from the first quarter when fewer are fitted."""
+    latest = quarters[-1]
+    year, quarter = parse_quarter_label(latest)
+    year_before = f"{year - 1}Q{quarter}"
+    return (year_before if year_before >= quarters[0] else quarters[0]), latest
+
+
+def _describe(quarters: str | Sequence[str] | None) -> str:
+    if quarters is None:
+        return "all pooled"
+    if isinstance(quarters, str):
+        return quarters
+    return f"{quarters[0]}-{quarters[-1]} ({len(quarters)})"
 
 
 def run_demo(
@@ -206,22 +232,27 @@ def run_demo(
 
     grid = RegularGrid.over(dataset.region, cfg.resolution, crs=cfg.map_crs)
     refs = reference_points(dataset, grid)
-    shown = cfg.map_quarter or next(iter(models.values())).latest_quarter or "all quarters pooled"
+    fitted = next(iter(models.values()))
+    quarters = dataset.quarters if fitted.latest_quarter is not None else None
+    mapped: str | list[str] | None = cfg.map_quarter or quarters
+    change = cfg.change or (default_change(quarters) if quarters and len(quarters) > 1 else None)
     echo(f"map grid: {grid.height} x {grid.width} cells of {cfg.resolution} in {grid.crs.to_string()}, "
-         f"quarter {shown}; kernel slices at "
-         f"{', '.join(f'{k} ({lon:.3f}, {lat:.3f})' for k, (lon, lat) in refs.items())}")
+         f"quarters {_describe(mapped)}" + (f", change {change[0]} -> {change[1]}" if change else "")
+         + "; kernel slices at " + ", ".join(f"{k} ({lon:.3f}, {lat:.3f})" for k, (lon, lat) in refs.items()))
     for kind, model in models.items():
         t0 = time.perf_counter()
         grid_ds = predict_grid(
-            model, grid, refs=refs, time=cfg.map_quarter, max_distance=cfg.max_distance,
-            store=run.map_netcdf(kind), progress=cfg.progress,
+            model, grid, refs=refs, time=mapped, change=change if model.has_kernel else None,
+            threshold=cfg.threshold if cfg.threshold is not None else DEFAULT,
+            max_distance=cfg.max_distance, store=run.map_netcdf(kind), progress=cfg.progress,
         )
         wrote(run.map_netcdf(kind))
-        wrote(write_geotiff(grid_ds, run.map_geotiff(kind)))
+        latest = grid_ds.isel(time=[-1]) if "time" in grid_ds.dims else grid_ds
+        wrote(write_geotiff(latest, run.map_geotiff(kind)))
         grid_ds.close()
         wrote(write_tile_predictions(model, dataset, run.test_tiles(kind)))
         seconds[f"maps {kind}"] = time.perf_counter() - t0
     return DemoResult(run, dataset, models, table, refs, files, seconds)
 
 
-__all__ = ["DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "run_demo", "evaluate_on_test"]
+__all__ = ["DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "default_change", "evaluate_on_test", "run_demo"]

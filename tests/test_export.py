@@ -49,6 +49,9 @@ class PlaneModel:
         extra = None if tests is None else plane_measurement_sd(lonlat[:, 1], np.asarray(tests, dtype=np.float64))
         return Prediction(plane_mean(lonlat[:, 0], lonlat[:, 1]), plane_sd(lonlat[:, 1]), extra)
 
+    def predict_series(self, lonlat: np.ndarray, times) -> list:
+        return [self.predict(lonlat, when) for when in times]
+
     def predict_tiles(self, tiles) -> Prediction:
         return self.predict(tiles[["lon", "lat"]].to_numpy(np.float64), tests=tiles["tests"].to_numpy(np.float64))
 

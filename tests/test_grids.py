@@ -50,6 +50,9 @@ class PlaneModel:
         self.times.append(time)
         return SimpleNamespace(mean=self.mean(lonlat), sd=self.sd(lonlat))
 
+    def predict_series(self, lonlat: np.ndarray, times) -> list:
+        return [self.predict(lonlat, when) for when in times]
+
     def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray:
         self.times.append(time)
         d2 = ((lonlat[:, None, :] - ref_lonlat[None, :, :]) ** 2).sum(-1)
