@@ -230,14 +230,52 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", metavar="PATH",
                    help="dataset (RUN/dataset.parquet) to choose urban, rural and wildland reference "
                    "points automatically when no --ref is given")
-    p.add_argument("--quarter", help="quarter to map, e.g. 2023Q4 (default: the model's latest fitted quarter; "
-                   "one quarter later is allowed and flagged as extrapolation)")
-    p.add_argument("--max-distance", type=float, metavar="METRES",
-                   help="leave cells farther than this from any training tile empty (default: no limit)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--quarter", help="quarter to map, e.g. 2023Q4 (default: the model's latest fitted quarter; "
+                      "one quarter later is allowed and flagged as extrapolation)")
+    when.add_argument("--quarters", metavar="Q1,Q2,...|all",
+                      help="several quarters along a CF time dimension, e.g. 2022Q4,2023Q4, or 'all' fitted quarters")
+    _add_map_options(p)
     p.add_argument("--chunk-rows", type=int, metavar="N", help="grid rows per block (default: ~262k cells per block)")
     p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(handler=_run_predict)
+
+
+def _add_map_options(p: argparse.ArgumentParser) -> None:
+    """--change, --threshold/--no-threshold and --max-distance (predict and demo)."""
+    p.add_argument("--change", metavar="FROM:TO",
+                   help="add change layers between two quarters, e.g. 2022Q4:2023Q4: mean change, its "
+                   "joint-posterior sd, P(increase) and the change of the median in Mbps (GP models)")
+    level = p.add_mutually_exclusive_group()
+    level.add_argument("--threshold", type=float, metavar="MBPS",
+                       help="p_below layer: P(tile-mean speed < MBPS) (default: the FCC benchmark, "
+                       "35/3 Mbps down/up for mobile tiles, 100/20 for fixed; none for latency)")
+    level.add_argument("--no-threshold", action="store_true", help="leave the p_below layer out")
+    p.add_argument("--max-distance", type=float, metavar="METRES",
+                   help="leave cells farther than this from any training tile empty (default: no limit)")
+
+
+def _parse_change(text: str | None) -> tuple[str, str] | None:
+    """``"2022Q4:2023Q4"`` -> ``("2022Q4", "2023Q4")`` (checked), or None."""
+    from geodbk.errors import InputDataError
+    from geodbk.inputs import parse_time
+
+    if text is None:
+        return None
+    start, sep, end = text.partition(":")
+    if not sep or not start.strip() or not end.strip():
+        raise InputDataError(f"--change takes FROM:TO quarters, e.g. 2022Q4:2023Q4; got {text!r}")
+    pair = (start.strip().upper(), end.strip().upper())
+    for quarter in pair:
+        parse_time(quarter)
+    return pair
+
+
+def _threshold(args: argparse.Namespace) -> float | str | None:
+    from geodbk.layers import DEFAULT
+
+    return None if args.no_threshold else (DEFAULT if args.threshold is None else args.threshold)
 
 
 def _run_predict(args: argparse.Namespace) -> int:
@@ -254,7 +292,16 @@ def _run_predict(args: argparse.Namespace) -> int:
         raise InputDataError(f"--out must end in .nc or .zarr, got {args.out}")
     if args.quarter is not None:
         parse_time(args.quarter)
+    change = _parse_change(args.change)
     model = GeoModel.load(args.model, device=args.device)
+    when: str | list[str] | None = args.quarter
+    if args.quarters is not None:
+        text = args.quarters.strip()
+        when = list(model.meta.get("quarters") or []) if text.lower() == "all" else [
+            q.strip().upper() for q in text.split(",") if q.strip()
+        ]
+        if not when:
+            raise InputDataError(f"--quarters names no quarter (the model has {model.meta.get('quarters')})")
     region_spec = args.region or model.meta.get("region")
     if not region_spec:
         raise InputDataError("the model file names no region; pass --region")
@@ -262,12 +309,14 @@ def _run_predict(args: argparse.Namespace) -> int:
     refs = parse_refs(args.ref)
     if not refs and args.dataset:
         refs = reference_points(SpatialDataset.load(args.dataset), grid)
+    shown = ",".join(when) if isinstance(when, list) else (when or model.latest_quarter or "all fitted quarters pooled")
     print(f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} in {grid.crs.to_string()}, "
-          f"quarter {args.quarter or model.latest_quarter or 'all fitted quarters pooled'}"
+          f"quarter(s) {shown}" + (f"; change {change[0]} -> {change[1]}" if change else "")
           + (f"; kernel slices at {', '.join(refs)}" if refs and model.has_kernel else ""))
     start = time.perf_counter()
-    ds = predict_grid(model, grid, refs=refs or None, time=args.quarter, max_distance=args.max_distance,
-                      chunk_rows=args.chunk_rows, store=args.out, progress=not args.no_progress)
+    ds = predict_grid(model, grid, refs=refs or None, time=when, change=change, threshold=_threshold(args),
+                      max_distance=args.max_distance, chunk_rows=args.chunk_rows, store=args.out,
+                      progress=not args.no_progress)
     ds.close()
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
     return 0
@@ -344,6 +393,69 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- summarize -------------------------------------------------------------------------
+def _add_summarize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "summarize",
+        help="average a fitted model's speed over polygons (counties, tracts, ...) with exact uncertainty",
+        description=(
+            "For each polygon: the area mean of the tile-mean log10 speed over grid cells inside it and its "
+            "sd from the joint posterior (not the mean of the cell sds), the geometric-mean speed with a 95% "
+            "interval, the expected share of the area below the speed benchmark, and the number of observed "
+            "(training) tiles inside. Polygons keep their columns and CRS. By default only polygons that "
+            "overlap the model's region are kept."
+        ),
+        epilog="example: geodbk summarize --model outputs/demo/models/dbk-rbf.pt "
+        "--polygons data/cb_2018_us_county_20m.zip --quarter 2023Q4 --out pr_municipios.parquet",
+    )
+    p.add_argument("--model", required=True, metavar="PATH", help="fitted model file (a GP kind, e.g. dbk-rbf)")
+    p.add_argument("--polygons", required=True, metavar="PATH",
+                   help="polygon file: GeoJSON, shapefile (zip), GeoPackage or GeoParquet, any CRS")
+    p.add_argument("--out", required=True, metavar="PATH", help="output: *.parquet (GeoParquet), *.geojson or *.csv")
+    p.add_argument("--quarter", help="quarter, e.g. 2023Q4 (default: the model's latest fitted quarter)")
+    p.add_argument("--resolution", default=None,
+                   help="side of the averaging cells: degrees, or e.g. 500m (default 0.005 degrees, about one tile)")
+    level = p.add_mutually_exclusive_group()
+    level.add_argument("--threshold", type=float, metavar="MBPS",
+                       help="benchmark of share_below (default: FCC 35/3 Mbps mobile, 100/20 fixed)")
+    level.add_argument("--no-threshold", action="store_true", help="leave share_below out")
+    p.add_argument("--all-polygons", action="store_true",
+                   help="keep polygons that do not overlap the model's region (they are extrapolation)")
+    p.set_defaults(handler=_run_summarize)
+
+
+def _run_summarize(args: argparse.Namespace) -> int:
+    import time
+
+    from geodbk.errors import InputDataError
+    from geodbk.geomodel import GeoModel
+    from geodbk.inputs import parse_time
+    from geodbk.regions import load_region, read_polygons
+    from geodbk.summaries import DEFAULT_RESOLUTION, SUMMARY_FORMATS, summarize_polygons, write_summary
+
+    if not args.out.lower().endswith(SUMMARY_FORMATS):
+        raise InputDataError(f"--out must end in one of {', '.join(SUMMARY_FORMATS)}, got {args.out}")
+    if args.quarter is not None:
+        parse_time(args.quarter)
+    model = GeoModel.load(args.model)
+    polygons = read_polygons(args.polygons, what="polygon", keep_crs=True)
+    if not args.all_polygons and model.meta.get("region"):
+        region = load_region(model.meta["region"]).geometry
+        overlaps = polygons.to_crs(4326).intersects(region).to_numpy()
+        if not overlaps.any():
+            raise InputDataError(f"no polygon in {args.polygons} overlaps the model's region {model.meta['region']}")
+        print(f"kept {int(overlaps.sum())} of {len(polygons)} polygons that overlap {model.meta['region']}")
+        polygons = polygons[overlaps]
+    start = time.perf_counter()
+    summary = summarize_polygons(
+        model, polygons, time=args.quarter, resolution=args.resolution or DEFAULT_RESOLUTION, threshold=_threshold(args)
+    )
+    write_summary(summary, args.out)
+    print(f"wrote {args.out}: {len(summary)} polygons, quarter {summary['quarter'].iloc[0]}, "
+          f"{int(summary['cells'].sum())} cells, in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
 # --- serve ------------------------------------------------------------------------------
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -361,6 +473,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--show", action="store_true", help="open the page in a web browser")
     p.add_argument("--offline", action="store_true",
                    help="no basemap tiles (the page then makes no request outside this server)")
+    p.add_argument("--polygons", metavar="PATH",
+                   help="polygon file (counties, tracts, GeoJSON/shapefile/GeoParquet) for an area summary table")
     p.set_defaults(handler=_run_serve)
 
 
@@ -384,6 +498,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.show:
         cmd.append("--show")
     cmd += ["--args"] + [item for run in runs for item in ("--run", run)]
+    if args.polygons:
+        if not Path(args.polygons).exists():
+            raise InputDataError(f"polygon file not found: {args.polygons}")
+        cmd += ["--polygons", str(Path(args.polygons).resolve())]
     env = {**os.environ, **({"GEODBK_OFFLINE": "1"} if args.offline else {})}
     missing = [run for run in runs if not (Path(run) / "dataset.parquet").exists()]
     if missing:
@@ -408,9 +526,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         description=(
             "Build the mobile download-speed dataset from the shipped Ookla sample, fit DBK-RBF, the "
             "SV-DKL baseline and the k-nearest-tiles baseline on space-time inputs, print the urban/rural "
-            "test metrics (y = log10 Mbps) and write a run folder with maps of the latest quarter: "
-            "dataset.parquet, models/<kind>.pt, metrics.csv/json, maps/<kind>.nc and .tif (mean, sd, "
-            "95% PI width, Mbps bounds, kernel slices) and maps/<kind>_test_tiles.geojson. "
+            "test metrics (y = log10 Mbps) and write a run folder: dataset.parquet, models/<kind>.pt, "
+            "metrics.csv/json, maps/<kind>.nc (every fitted quarter: mean, sd, 95% PI width, Mbps bounds, "
+            "P(below the FCC benchmark); the change over the last year with its sd and P(increase); kernel "
+            "slices), maps/<kind>.tif (the latest quarter) and maps/<kind>_test_tiles.geojson. "
             "The defaults finish in a few minutes on 2 CPU cores; --paper-size uses the paper's "
             "h=256, r=1024, 400 epochs (a GPU job). Open the result with `geodbk serve --run DIR`."
         ),
@@ -423,9 +542,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--models", help="comma-separated model kinds to fit (default dbk-rbf,sv-dkl,knn)")
     p.add_argument("--protocol", choices=("space-time", "paper"), help="model inputs (default space-time)")
     p.add_argument("--split", choices=("random", "spatial-block", "forecast"), help="train/val/test protocol (default random)")
-    p.add_argument("--quarter", help="quarter the maps show, e.g. 2023Q1 (default: the latest fitted)")
-    p.add_argument("--max-distance", type=float, metavar="METRES",
-                   help="leave map cells farther than this from any training tile empty (default: no limit)")
+    p.add_argument("--quarter", help="map only this quarter, e.g. 2023Q1 (default: every fitted quarter along "
+                   "a time dimension; the GeoTIFF has the latest)")
+    _add_map_options(p)
     p.add_argument("--epochs", type=int, help="training epochs per model (default 40 at lr 0.01, batch 1024)")
     p.add_argument("--resolution", help="map cell side in degrees, or e.g. 500m (default 0.005 degrees, about 550 m)")
     p.add_argument("--crs", help="CRS of the maps (default EPSG:4326; UTM for metre resolutions)")
@@ -454,7 +573,11 @@ def _run_demo(args: argparse.Namespace) -> int:
         "split": args.split,
         "map_quarter": args.quarter,
         "max_distance": args.max_distance,
+        "change": _parse_change(args.change),
+        "threshold": args.threshold,
     }
+    if args.no_threshold:
+        raise InputDataError("the demo always maps P(below the benchmark); give --threshold MBPS to change it")
     if args.models is not None:
         given["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
         if not given["models"]:
@@ -481,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deep Basis Kernel GP maps of mobile internet quality from Ookla tiles.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_ingest, _add_fit, _add_predict, _add_export, _add_serve, _add_demo):
+    for add in (_add_ingest, _add_fit, _add_predict, _add_summarize, _add_export, _add_serve, _add_demo):
         add(sub)
     return parser
 

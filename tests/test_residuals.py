@@ -374,3 +374,54 @@ def test_geomodel_save_load_keeps_the_field(pr_two_quarters, pr_model, tmp_path)
         np.testing.assert_array_equal(theirs.mean, ours.mean)
         np.testing.assert_array_equal(theirs.sd, ours.sd)
         np.testing.assert_array_equal(theirs.measurement_sd, ours.measurement_sd)
+
+
+def test_series_conditioning_equals_one_time_at_a_time(small):
+    keys, years, residual, noise_var, q_keys, q_years = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    q_lonlat = quadkey_centres(q_keys)
+    times = np.stack([q_years, q_years - 1.0, np.full(len(q_years), 2022.625)])
+    mean, var = field.condition(q_lonlat, times)
+    assert mean.shape == var.shape == (3, len(q_keys))
+    for t in range(3):
+        one_mean, one_var = field.condition(q_lonlat, times[t])
+        np.testing.assert_allclose(mean[t], one_mean, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(var[t], one_var, rtol=0, atol=1e-12)
+
+
+def test_change_variance_is_exact_joint_conditioning_of_the_pair(small):
+    """With every row as a neighbour, Var[r(x, t2) - r(x, t1) | data] from the dense joint Gaussian."""
+    keys, years, residual, noise_var, q_keys, q_years = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=len(keys))
+    q_lonlat = quadkey_centres(q_keys)
+    t_from, t_to = q_years - 1.0, q_years
+    var = field.change_variance(q_lonlat, t_from, t_to)
+    projection = field.projection
+    xy, q_xy = projection.to_metres(quadkey_centres(keys)), projection.to_metres(q_lonlat)
+    A = dense_kernel(KERNEL, xy, keys, years, xy, keys, years) + KERNEL.variance_scale * np.diag(noise_var)
+    for i in range(len(q_keys)):
+        pair_xy, pair_keys = np.repeat(q_xy[i : i + 1], 2, 0), np.repeat(q_keys[i : i + 1], 2)
+        pair_t = np.array([t_from[i], t_to[i]])
+        kpp = dense_kernel(KERNEL, pair_xy, pair_keys, pair_t, pair_xy, pair_keys, pair_t)
+        kpn = dense_kernel(KERNEL, pair_xy, pair_keys, pair_t, xy, keys, years)
+        cov = kpp - kpn @ np.linalg.solve(A, kpn.T)
+        assert var[i] == pytest.approx(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], abs=1e-10)
+    assert (var > 0).all() and (var < 2 * KERNEL.prior_var).all()
+
+
+def test_area_variance_is_exact_on_the_diagonal_and_fully_correlated_within_a_tile(small):
+    keys, years, residual, noise_var, *_ = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    lonlat = quadkey_centres(keys[:3])
+    v = np.array([0.04, 0.09, 0.01])
+    one = field.area_variance(lonlat, v, np.ones(3), np.arange(3), 3)
+    np.testing.assert_allclose(one, v, rtol=0, atol=1e-15)
+    # two points in the same tile (its centre and a corner-ward point) are one tile: (a1 + a2)^2
+    west, south, east, north = quadkey_bounds(keys[:1])[0]
+    same = np.array([lonlat[0], [west + 0.1 * (east - west), south + 0.1 * (north - south)]])
+    both = field.area_variance(same, np.array([0.04, 0.09]), np.array([0.5, 0.5]), np.zeros(2, int), 1)
+    assert both[0] == pytest.approx((0.5 * 0.2 + 0.5 * 0.3) ** 2, rel=1e-12)
+    # two far-apart tiles are nearly independent: the variance of the average is about (v1 + v2) / 4
+    far = field.area_variance(np.array([[-66.06, 18.45], [-66.5, 18.2]]), np.array([0.04, 0.09]),
+                              np.array([0.5, 0.5]), np.zeros(2, int), 1)
+    assert far[0] == pytest.approx(0.25 * (0.04 + 0.09), rel=1e-9)
