@@ -234,7 +234,7 @@ def run_demo(
     refs = reference_points(dataset, grid)
     fitted = next(iter(models.values()))
     quarters = dataset.quarters if fitted.latest_quarter is not None else None
-    mapped: str | list[str] | None = cfg.map_quarter or quarters
+    mapped: str | list[str] | None = cfg.map_quarter or (quarters if quarters and len(quarters) > 1 else None)
     change = cfg.change or (default_change(quarters) if quarters and len(quarters) > 1 else None)
     echo(f"map grid: {grid.height} x {grid.width} cells of {cfg.resolution} in {grid.crs.to_string()}, "
          f"quarters {_describe(mapped)}" + (f", change {change[0]} -> {change[1]}" if change else "")

@@ -22,7 +22,8 @@ KINDS = ("dbk-rbf", "sv-rbf", "knn")
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     lines: list[str] = []
-    config = DemoConfig(quarters=["2023Q4"], models=KINDS, epochs=2, resolution=0.02, progress=False, device="cpu")
+    config = DemoConfig(quarters=["2023Q3", "2023Q4"], models=KINDS, epochs=2, resolution=0.02, progress=False,
+                        device="cpu")
     result = run_demo(tmp_path_factory.mktemp("run"), config, echo=lines.append)
     return result, lines
 
@@ -61,7 +62,7 @@ def test_metrics_table_by_model_and_group(demo) -> None:
 def test_saved_dataset_and_models_reload(demo) -> None:
     result, _ = demo
     dataset = SpatialDataset.load(result.run.dataset)
-    assert len(dataset) == len(result.dataset) and dataset.quarters == ["2023Q4"]
+    assert len(dataset) == len(result.dataset) and dataset.quarters == ["2023Q3", "2023Q4"]
     model = GeoModel.load(result.run.model("dbk-rbf"))
     ll = dataset.frame[["lon", "lat"]].to_numpy()[:50]
     np.testing.assert_allclose(model.predict(ll).mean, result.models["dbk-rbf"].predict(ll).mean, rtol=1e-6)
@@ -73,9 +74,16 @@ def test_map_cells_equal_the_fitted_model_at_cell_centres(demo, kind: str) -> No
     model = GeoModel.load(result.run.model(kind))
     ds = open_grid(result.run.map_netcdf(kind)).load()
     assert ds.rio.crs.to_epsg() == 4326 and ds.attrs["model_kind"] == kind
-    # the map shows the model's latest fitted quarter (the grid's default)
-    quarter = ds.attrs["quarter"]
+    # the map has every fitted quarter along time; its last is the model's latest
+    assert list(ds["quarter"].values) == ["2023Q3", "2023Q4"] and ds["mean"].dims == ("time", "y", "x")
+    quarter = str(ds["quarter"].values[-1])
     assert quarter == model.latest_quarter == "2023Q4"
+    if model.has_kernel:  # the year's change, here from the first fitted quarter
+        assert ds.attrs["change"] == "2023Q3:2023Q4" and ds["p_increase"].dims == ("y", "x")
+    else:
+        assert "change" not in ds.data_vars
+    assert ds["p_below"].attrs["threshold"] == 35.0
+    ds = ds.isel(time=-1)
     if model.has_kernel:
         assert list(ds["ref"].values) == list(result.refs)
     else:
@@ -95,7 +103,7 @@ def test_map_cells_equal_the_fitted_model_at_cell_centres(demo, kind: str) -> No
         np.testing.assert_allclose(k, model.kernel_slice(lonlat, ref_ll, quarter), rtol=1e-4, atol=1e-7)
     # the GeoTIFF holds the same numbers, nodata where the grid is NaN
     with rasterio.open(result.run.map_geotiff(kind)) as src:
-        band = src.read(src.descriptions.index("mean") + 1)
+        band = src.read(src.descriptions.index("mean:2023Q4") + 1)
         assert src.nodata == GEOTIFF_NODATA
         np.testing.assert_array_equal(band == GEOTIFF_NODATA, np.isnan(mean))
         np.testing.assert_array_equal(band[np.isfinite(mean)], mean[np.isfinite(mean)])
