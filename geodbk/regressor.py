@@ -8,6 +8,7 @@ and everything it returns is converted back to the original target units
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,9 +304,13 @@ def read_payload(path: str | Path, device: str | torch.device = "cpu") -> dict[s
     if not path.exists():
         raise InputDataError(f"no model file at {path}")
     try:
-        payload = torch.load(path, map_location=resolve_device(device), weights_only=True)
-    except Exception as err:  # torch raises several types for corrupt or foreign files
-        raise InputDataError(f"{path} is not a readable geodbk model file: {err}") from err
+        with warnings.catch_warnings():  # torch warns about foreign pickle protocols before failing
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location=resolve_device(device), weights_only=True)
+    except Exception as err:  # torch raises several types, with multi-paragraph messages, for foreign files
+        raise InputDataError(
+            f"{path} is not a geodbk model file (torch could not read it as weights: {type(err).__name__})"
+        ) from err
     if not isinstance(payload, dict):
         raise InputDataError(f"{path} is not a geodbk model file")
     return payload

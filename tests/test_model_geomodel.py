@@ -107,7 +107,7 @@ def test_cli_fit_writes_models_and_merged_metrics(tmp_path, small_dataset, capsy
 def test_corrupt_or_missing_model_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "model.pt"
     bad.write_bytes(b"not a torch file")
-    with pytest.raises(InputDataError, match="not a readable geodbk model file"):
+    with pytest.raises(InputDataError, match="not a geodbk model file"):
         GeoModel.load(bad)
     with pytest.raises(InputDataError, match="no model file"):
         GeoModel.load(tmp_path / "absent.pt")
