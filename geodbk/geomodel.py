@@ -164,11 +164,18 @@ class GeoModel:
         X_from, X_to = self.features(lonlat, time_from), self.features(lonlat, time_to)
         before, after = self.predict(lonlat, time_from), self.predict(lonlat, time_to)
         var = self.regressor.difference_variance(X_from, X_to)
+        nugget = self.regressor.tile_noise_variance  # in the tile-mean sd, not in the latent f
         if self.residuals is not None:
             years_from = self.inputs.years(time_from, len(lonlat))
             years_to = self.inputs.years(time_to, len(lonlat))
-            var = self.residuals.kernel.variance_scale * var + self.residuals.change_variance(lonlat, years_from, years_to)
-        return ChangePrediction(after.mean - before.mean, np.sqrt(var), before.mean, after.mean)
+            scale = self.residuals.kernel.variance_scale
+            var = scale * var + self.residuals.change_variance(lonlat, years_from, years_to)
+            nugget *= scale
+
+        def latent(p: Prediction) -> np.ndarray:
+            return np.sqrt(np.maximum(p.sd**2 - nugget, 0.0))
+
+        return ChangePrediction(after.mean - before.mean, np.sqrt(var), before.mean, after.mean, latent(before), latent(after))
 
     def predict_areas(
         self,

@@ -93,12 +93,22 @@ class ChangePrediction:
         sd: (n,) its standard deviation under the joint posterior (not the difference of
             two marginal sds: the two quarters' errors are strongly correlated).
         mean_from, mean_to: (n,) E[f] at the two quarters, log10 units.
+        sd_from, sd_to: (n,) sd of the latent f at each quarter (the tile-mean sd without the
+            tile-quarter noise), so that ``sqrt(sd_from**2 + sd_to**2)`` is the sd the change
+            would have if the quarters were independent.
     """
 
     mean: np.ndarray
     sd: np.ndarray
     mean_from: np.ndarray
     mean_to: np.ndarray
+    sd_from: np.ndarray
+    sd_to: np.ndarray
+
+    @property
+    def correlation(self) -> np.ndarray:
+        """(n,) posterior correlation of f at the two quarters implied by the three variances."""
+        return (self.sd_from**2 + self.sd_to**2 - self.sd**2) / (2.0 * self.sd_from * self.sd_to)
 
     @property
     def p_increase(self) -> np.ndarray:

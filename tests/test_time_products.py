@@ -79,10 +79,13 @@ def points(dataset, n: int) -> np.ndarray:
 def test_change_sd_matches_monte_carlo_over_q_w(gp_only, dataset):
     lonlat = points(dataset, 40)
     change = gp_only.predict_change(lonlat, "2022Q4", "2023Q4")
-    draws = sample_f(gp_only, gp_only.features(lonlat, "2023Q4"), 40_000) - sample_f(
-        gp_only, gp_only.features(lonlat, "2022Q4"), 40_000
-    )
+    f_to = sample_f(gp_only, gp_only.features(lonlat, "2023Q4"), 40_000)
+    f_from = sample_f(gp_only, gp_only.features(lonlat, "2022Q4"), 40_000)
+    draws = f_to - f_from
     np.testing.assert_allclose(change.sd, draws.std(0), rtol=0.02)
+    np.testing.assert_allclose(change.sd_from, f_from.std(0), rtol=0.02)
+    np.testing.assert_allclose(change.sd_to, f_to.std(0), rtol=0.02)
+    np.testing.assert_allclose(change.correlation, [np.corrcoef(a, b)[0, 1] for a, b in zip(f_from.T, f_to.T)], atol=0.02)
     np.testing.assert_allclose(change.mean, draws.mean(0), atol=4 * change.sd.max() / np.sqrt(40_000) + 1e-9)
     # the joint sd is far below the naive one that treats the two quarters as independent
     before, after = gp_only.predict(lonlat, "2022Q4"), gp_only.predict(lonlat, "2023Q4")
