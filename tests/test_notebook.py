@@ -77,7 +77,8 @@ def test_notebook_runs_in_the_venv_kernel(executed):
     assert errors == []
     # the kernel was this venv's interpreter
     assert _summary(executed)["python"] == sys.executable
-    # three figures: the two maps, the PI-width violins, the correlation slices
+    # five figures: the two maps, the PI-width violins, the correlation slices, the change
+    # ECDFs with the sd comparison, the map of P(increase)
     images = [
         out
         for cell in executed.cells
@@ -85,7 +86,7 @@ def test_notebook_runs_in_the_venv_kernel(executed):
         for out in cell.outputs
         if "image/png" in out.get("data", {})
     ]
-    assert len(images) >= 3
+    assert len(images) >= 5
 
 
 def test_notebook_results_are_sensible(executed):
@@ -108,3 +109,22 @@ def test_notebook_results_are_sensible(executed):
         q05, median = s["correlation_quantiles"][name]
         assert rho_near > 0.9, name
         assert q05 <= median <= rho_near + 1e-6, name
+    # the change from a year before the latest quarter to the latest, at every observed tile
+    assert s["change_quarters"] == ["2022Q4", "2023Q4"]
+    for group in ("urban", "rural"):
+        assert s["change_tiles"][group] > 100, group
+        assert s["change_median_sd"][group] > 0, group
+        improved, worse = s["share_improved_95"][group], s["share_worse_05"][group]
+        assert 0.0 <= improved <= 1.0 and 0.0 <= worse <= 1.0 and improved + worse <= 1.0, group
+        # one year moved the class medians of the observed tiles by a few percent; a fit
+        # whose time trend ran away would not stay within 0.1 log10 (26%)
+        assert abs(s["change_median_log10"][group]) < 0.1, group
+    # urban tiles got faster in the data (tiles measured in both quarters) and in the model;
+    # rural tiles are too few and too noisy in the data to assert a direction
+    assert s["observed_median_change_log10"]["urban"] > 0
+    assert s["change_median_log10"]["urban"] > 0
+    # the two quarters' posterior errors are positively correlated, so the joint sd of the
+    # change is below the naive sd that treats them as independent, at (nearly) every tile
+    assert 0.0 < s["median_quarter_correlation"] <= 1.0
+    assert s["joint_vs_naive_sd_ratio"] < 1.0
+    assert s["share_joint_below_naive"] > 0.9
