@@ -6,12 +6,18 @@ Serve it with ``geodbk serve --run outputs/demo`` or
 A run folder is what ``geodbk demo`` writes (see ``docs/architecture.md``): the dataset,
 one fitted :class:`geodbk.geomodel.GeoModel` per model kind, the metrics table and the
 prebuilt prediction grids. Nothing is trained when the page opens: the map layers come from
-the saved grids, and only the kernel slice and the predictive distribution at a clicked
-point are computed live (one ``GeoModel.kernel_slice`` over the grid cells and one
-``GeoModel.predict``).
+the saved grids (one map per fitted quarter, chosen with the quarter slider, plus the change
+between two quarters), and only what follows a click is computed live: the kernel slice over
+the grid cells (one ``GeoModel.kernel_slice``), the predictive distribution there and its
+time series over every fitted quarter (one ``GeoModel.predict_series``).
 
 Arguments after ``--args``: ``--run DIR`` (repeatable; default ``$GEODBK_RUN`` or
-``outputs/demo``) and ``--offline`` (no basemap tiles; ``GEODBK_OFFLINE=1`` does the same).
+``outputs/demo``), ``--offline`` (no basemap tiles; ``GEODBK_OFFLINE=1`` does the same) and
+``--polygons FILE`` (default ``$GEODBK_POLYGONS``): a polygon file (counties, tracts; GeoJSON,
+shapefile zip, GeoPackage, GeoParquet) whose polygons meeting the model's region get an area
+summary table (:func:`geodbk.summaries.summarize_polygons`) for the slider's quarter.
+
+The page's building blocks that hold no widget state are in ``apps/dashboard_views.py``.
 """
 
 from __future__ import annotations
@@ -25,22 +31,54 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import geopandas as gpd
 import holoviews as hv
-from bokeh.models import CustomJSHover
 import numpy as np
 import pandas as pd
 import panel as pn
-import pyproj
-import rioxarray  # noqa: F401  (registers the .rio accessor used to reproject grids)
-import shapely
 import xarray as xr
 from holoviews import streams
 
+from dashboard_views import (
+    ALL_QUARTERS,
+    DEFAULT_LAYER,
+    LAYER_BY_KEY,
+    NEAR_KM,
+    Layer,
+    Series,
+    URBAN_COLOURS,
+    at_quarter,
+    change_span,
+    colour_limits,
+    density_plot,
+    grid_cells_lonlat,
+    grid_quarters,
+    kernel_slice_plot,
+    layer_cmap,
+    layer_label,
+    layer_options,
+    layer_variable,
+    lonlat_to_mercator,
+    mercator_raster,
+    mercator_to_lonlat,
+    observed_near,
+    outline_paths,
+    polygons_in_region,
+    raster_hover,
+    resolve_layer,
+    series_plot,
+    summary_table,
+    tiles_in_quarter,
+    vector_overlay,
+)
 from geodbk.dataset import SpatialDataset
+from geodbk.errors import GeodbkError
 from geodbk.export import tile_predictions
 from geodbk.geomodel import GeoModel
 from geodbk.grids import open_grid
-from geodbk.prediction import Z95
+from geodbk.prediction import Z95, to_data_units
+from geodbk.regions import read_polygons
+from geodbk.summaries import summarize_polygons
 from geodbk.workflow import RunFolder
 
 hv.extension("bokeh")
@@ -48,21 +86,12 @@ pn.extension(notifications=False)
 
 DEFAULT_RUN = Path("outputs/demo")
 TARGETS = ("download", "upload", "latency")
-ALL_QUARTERS = "all quarters"
 MAP_WIDTH, MAP_HEIGHT = 620, 400
 SIDE_WIDTH = 430
-URBAN_COLOURS = {"urban": "#d95f02", "rural": "#1b9e77"}
 OOKLA_ATTRIBUTION = (
     "Speedtest® by Ookla® Global Fixed and Mobile Network Performance Maps. Based on analysis "
     "by Ookla of Speedtest Intelligence® data. Ookla trademarks used under license."
 )
-
-#: Map layers: label -> (grid variable template, colour map, log colour scale).
-LAYERS = {
-    "Predictive median": ("mean_{u}", "viridis", True),
-    "Predictive sd (log10)": ("sd", "magma", False),
-    "95% PI width (log10)": ("pi_width", "magma", False),
-}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -70,10 +99,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="dashboard.py")
     parser.add_argument("--run", action="append", type=Path, help="run folder (repeatable)")
     parser.add_argument("--offline", action="store_true", help="never load basemap tiles")
+    parser.add_argument("--polygons", type=Path, help="polygon file for the area summary table")
     args, _ = parser.parse_known_args(argv)
     if not args.run:
         args.run = [Path(os.environ.get("GEODBK_RUN", DEFAULT_RUN))]
     args.offline = args.offline or os.environ.get("GEODBK_OFFLINE", "") not in ("", "0")
+    if args.polygons is None and os.environ.get("GEODBK_POLYGONS"):
+        args.polygons = Path(os.environ["GEODBK_POLYGONS"])
     return args
 
 
@@ -98,17 +130,17 @@ def _load_grid(path: str, stamp: float) -> xr.Dataset:
         return ds.load()
 
 
-@pn.cache(max_items=64)
-def _mercator_layer(path: str, stamp: float, variable: str) -> xr.DataArray:
-    return mercator_raster(_load_grid(path, stamp)[variable])
+@pn.cache(max_items=128)
+def _mercator_layer(path: str, stamp: float, variable: str, quarter: str | None) -> xr.DataArray:
+    """One grid variable at one quarter (2-D grids: the only one), warped to Web Mercator."""
+    return mercator_raster(at_quarter(_load_grid(path, stamp)[variable], quarter))
 
 
-@pn.cache(max_items=16)
-def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float]) -> np.ndarray:
-    """k(x, x) at the grid cells inside the region."""
-    grid = _load_grid(grid_path, stamp[1])
-    lonlat, _ = grid_cells_lonlat(grid)
-    return _load_model(model_path, stamp[0]).prior_variance(lonlat, grid.attrs.get("quarter"))
+@pn.cache(max_items=32)
+def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float], quarter: str | None) -> np.ndarray:
+    """k(x, x) at the grid cells inside the region, at ``quarter``."""
+    lonlat, _ = grid_cells_lonlat(_load_grid(grid_path, stamp[1]))
+    return _load_model(model_path, stamp[0]).prior_variance(lonlat, quarter)
 
 
 @pn.cache(max_items=16)
@@ -117,6 +149,28 @@ def _test_tiles(model_path: str, dataset_path: str, stamp: float) -> pd.DataFram
     model = _load_model(model_path, _stamp(Path(model_path)))
     dataset = _load_dataset(dataset_path, _stamp(Path(dataset_path)))
     return pd.DataFrame(tile_predictions(model, dataset, split="test").drop(columns="geometry"))
+
+
+@pn.cache(max_items=4)
+def _load_polygons(path: str, stamp: float) -> gpd.GeoDataFrame:
+    return read_polygons(path, what="polygon")
+
+
+@pn.cache(max_items=8)
+def _region_polygons(polygons_path: str, dataset_path: str, stamp: tuple[float, float]) -> gpd.GeoDataFrame:
+    """The polygons of the file that meet the run's region (a county file has thousands more)."""
+    polygons = _load_polygons(polygons_path, stamp[0])
+    return polygons_in_region(polygons, _load_dataset(dataset_path, stamp[1]).region.geometry)
+
+
+@pn.cache(max_items=64)
+def _polygon_summary(
+    model_path: str, polygons_path: str, dataset_path: str, stamp: tuple[float, float, float], quarter: str | None
+) -> pd.DataFrame:
+    """:func:`geodbk.summaries.summarize_polygons` of one model and quarter over the region's polygons."""
+    polygons = _region_polygons(polygons_path, dataset_path, stamp[1:])
+    summary = summarize_polygons(_load_model(model_path, stamp[0]), polygons, time=quarter)
+    return pd.DataFrame(summary.drop(columns="geometry"))
 
 
 @dataclass(frozen=True)
@@ -166,17 +220,26 @@ class Fit:
     def dataset(self) -> SpatialDataset:
         return _load_dataset(str(self.dataset_path), _stamp(self.dataset_path))
 
-    def mercator_layer(self, variable: str) -> xr.DataArray:
-        return _mercator_layer(str(self.grid_path), _stamp(self.grid_path), variable)
+    def mercator_layer(self, variable: str, quarter: str | None) -> xr.DataArray:
+        return _mercator_layer(str(self.grid_path), _stamp(self.grid_path), variable, quarter)
 
-    def prior_variance(self) -> np.ndarray:
+    def prior_variance(self, quarter: str | None) -> np.ndarray:
         """``(m,)`` prior variance k(x, x) at the grid cells inside the region (see grid_cells_lonlat)."""
-        return _prior_variance(
-            str(self.model_path), str(self.grid_path), (_stamp(self.model_path), _stamp(self.grid_path))
-        )
+        stamp = (_stamp(self.model_path), _stamp(self.grid_path))
+        return _prior_variance(str(self.model_path), str(self.grid_path), stamp, quarter)
 
     def test_tiles(self) -> pd.DataFrame:
         return _test_tiles(str(self.model_path), str(self.dataset_path), _stamp(self.model_path))
+
+    def region_polygons(self, polygons: Path) -> gpd.GeoDataFrame:
+        """The polygons of the file ``polygons`` that meet this run's region."""
+        stamp = (_stamp(polygons), _stamp(self.dataset_path))
+        return _region_polygons(str(polygons), str(self.dataset_path), stamp)
+
+    def polygon_summary(self, polygons: Path, quarter: str | None) -> pd.DataFrame:
+        """Area summary of this model over the region's polygons at ``quarter`` (cached)."""
+        stamp = (_stamp(self.model_path), _stamp(polygons), _stamp(self.dataset_path))
+        return _polygon_summary(str(self.model_path), str(polygons), str(self.dataset_path), stamp, quarter)
 
 
 @dataclass
@@ -203,65 +266,6 @@ class Catalog:
         return [fit for fit in self.fits if fit.target == target]
 
 
-# --- geometry helpers: the map is drawn in Web Mercator (EPSG:3857), like web basemaps ---------
-_TO_LONLAT = pyproj.Transformer.from_crs(3857, 4326, always_xy=True)
-_TO_MERCATOR = pyproj.Transformer.from_crs(4326, 3857, always_xy=True)
-
-
-def mercator_to_lonlat(x: float, y: float) -> tuple[float, float]:
-    """Web Mercator metres (the map's coordinates) -> lon/lat degrees."""
-    lon, lat = _TO_LONLAT.transform(x, y)
-    return float(lon), float(lat)
-
-
-def with_mercator(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with ``easting``/``northing`` (EPSG:3857 metres) from its ``lon``/``lat`` columns."""
-    easting, northing = _TO_MERCATOR.transform(frame["lon"].to_numpy(), frame["lat"].to_numpy())
-    return frame.assign(easting=easting, northing=northing)
-
-
-def raster_hover(label: str) -> dict:
-    """Hover options for a Web Mercator ``hv.Image``: lon/lat in degrees (not metres) and the value."""
-    radius = 6378137.0  # the spherical Web Mercator radius, metres
-    to_degrees = {
-        "$x": CustomJSHover(code=f"return (value / {radius} * 180 / Math.PI).toFixed(4)"),
-        "$y": CustomJSHover(code=f"return ((2 * Math.atan(Math.exp(value / {radius})) - Math.PI / 2) * 180 / Math.PI).toFixed(4)"),
-    }
-    return {
-        "tools": ["hover"],
-        "hover_tooltips": [("lon", "$x{custom}"), ("lat", "$y{custom}"), (label, "@image{0.000}")],
-        "hover_formatters": to_degrees,
-    }
-
-
-def mercator_raster(values: xr.DataArray) -> xr.DataArray:
-    """A grid variable (any CRS, NaN outside the region) warped onto a Web Mercator raster."""
-    crs = values.rio.crs or "EPSG:4326"
-    warped = values.rio.write_crs(crs).rio.write_nodata(np.nan, encoded=False).rio.reproject("EPSG:3857", nodata=np.nan)
-    return warped.drop_vars("spatial_ref", errors="ignore")
-
-
-def outline_paths(geometry: shapely.Geometry) -> list[np.ndarray]:
-    """Rings of a lon/lat (multi)polygon as ``(n, 2)`` Web Mercator arrays."""
-    rings = []
-    for polygon in getattr(geometry, "geoms", [geometry]):
-        for ring in [polygon.exterior, *polygon.interiors]:
-            lon, lat = np.asarray(ring.coords).T
-            rings.append(np.column_stack(_TO_MERCATOR.transform(lon, lat)))
-    return rings
-
-
-def grid_cells_lonlat(grid: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """``(lonlat (m, 2) of the cells inside the region, inside (ny, nx) bool)``."""
-    xx, yy = np.meshgrid(grid["x"].to_numpy(), grid["y"].to_numpy())
-    inside = np.isfinite(grid["mean"].to_numpy())
-    px, py = xx[inside], yy[inside]
-    crs = grid.rio.crs
-    if crs is not None and not pyproj.CRS.from_user_input(crs).is_geographic:
-        px, py = pyproj.Transformer.from_crs(crs, 4326, always_xy=True).transform(px, py)
-    return np.column_stack([px, py]), inside
-
-
 def default_reference(fit: Fit, grid: xr.Dataset | None) -> tuple[float, float]:
     """The grid's first saved reference point (urban when present), else the region centre."""
     if grid is not None and "ref_lon" in grid.coords:
@@ -272,20 +276,14 @@ def default_reference(fit: Fit, grid: xr.Dataset | None) -> tuple[float, float]:
     return float(centre.x), float(centre.y)
 
 
-def tiles_in_quarter(frame: pd.DataFrame, quarter: str) -> pd.DataFrame:
-    if quarter == ALL_QUARTERS:
-        return frame
-    year, q = quarter.split("Q")
-    return frame[(frame["year"] == int(year)) & (frame["quarter"] == int(q))]
-
-
 # --- the page -------------------------------------------------------------------------------
 class Dashboard:
     """Widgets, the map with its Tap stream, and the panels that follow a click."""
 
-    def __init__(self, catalog: Catalog, *, offline: bool) -> None:
+    def __init__(self, catalog: Catalog, *, offline: bool, polygons: Path | None = None) -> None:
         self.catalog = catalog
         self.offline = offline
+        self.polygons = polygons
         targets = [t for t in TARGETS if catalog.for_target(t)] or ["download"]
         self.target = pn.widgets.Select(
             name="Target",
@@ -295,16 +293,27 @@ class Dashboard:
         )
         self.model = pn.widgets.Select(name="Model run", options={}, width=380)
         self.quarter = pn.widgets.Select(name="Observed tiles: quarter", options=[], width=180)
+        # options and visibility follow the selected model's grid (see _on_model)
+        self.map_quarter = pn.widgets.DiscreteSlider(
+            name="Map quarter", options=["latest"], value="latest", width=380, css_classes=["geodbk-quarter"]
+        )
         self.layer = pn.widgets.RadioButtonGroup(
-            name="Layer", options=list(LAYERS), value="Predictive median", button_type="default"
+            name="Layer",
+            options=layer_options(None),
+            value=DEFAULT_LAYER,
+            button_type="default",
+            orientation="vertical",
+            width=200,
+            css_classes=["geodbk-layers"],
         )
         self.clim = pn.widgets.EditableRangeSlider(
             name="Colour limits", start=0.0, end=1.0, value=(0.0, 1.0), step=0.01, width=380
         )
+        overlays = ["observed tiles", "urban/rural", "region outline"] + (["polygons"] if polygons else [])
         self.overlays = pn.widgets.CheckBoxGroup(
             name="Overlays",
-            options=["observed tiles", "urban/rural", "region outline"] + ([] if offline else ["basemap"]),
-            value=["region outline"] + ([] if offline else ["basemap"]),
+            options=overlays + ([] if offline else ["basemap"]),
+            value=["region outline"] + (["polygons"] if polygons else []) + ([] if offline else ["basemap"]),
             inline=True,
         )
         self.slice_kind = pn.widgets.RadioButtonGroup(
@@ -323,11 +332,17 @@ class Dashboard:
             callback=self._shown_tiles_geojson,
             filename="observed_tiles.geojson",
         )
+        self.summary_csv = pn.widgets.FileDownload(
+            label="Area summary CSV",
+            width=190,
+            callback=self._summary_csv,
+            filename="area_summary.csv",
+        )
 
         # The Tap stream's source must be a DynamicMap of one element (here the raster): one
         # that returns an Overlay gets no tap callback. Every DynamicMap returns the same
         # layers each time (hidden ones empty), as HoloViews cannot add layers after the first frame.
-        raster = hv.DynamicMap(pn.bind(self._raster, self.model, self.layer, self.clim))
+        raster = hv.DynamicMap(pn.bind(self._raster, self.model, self.layer, self.clim, self.map_quarter))
         self.tap = streams.Tap(source=raster, x=None, y=None)
         layers = [
             raster,
@@ -340,25 +355,28 @@ class Dashboard:
             width=MAP_WIDTH, height=MAP_HEIGHT, xaxis=None, yaxis=None, data_aspect=1, active_tools=["wheel_zoom"]
         )
         self.map_title = pn.pane.Markdown(
-            pn.bind(
-                lambda fit, layer: (
-                    f"**{fit.kind}** · {layer} · click the map to see the kernel slice there" if fit else ""
-                ),
-                self.model,
-                self.layer,
-            ),
+            pn.bind(self._map_title, self.model, self.layer, self.map_quarter),
             css_classes=["geodbk-map-title"],
             margin=(0, 10),
         )
         self.target.param.watch(self._on_target, "value")
         self.model.param.watch(self._on_model, "value")
-        self.layer.param.watch(self._reset_clim, "value")
+        self.layer.param.watch(self._on_layer, "value")
+        self.map_quarter.param.watch(self._follow_map_quarter, "value")
         self._on_target()
 
     # -- state that follows the widgets ------------------------------------------------------
     @property
     def fit(self) -> Fit | None:
         return self.model.value
+
+    def _quarter(self, fit: Fit | None) -> str | None:
+        """The quarter the map shows: the slider's, if the grid has it, else the grid's last
+        (``None`` for a time-free model)."""
+        quarters = grid_quarters(fit.grid()) if fit else []
+        if self.map_quarter.value in quarters:
+            return self.map_quarter.value
+        return quarters[-1] if quarters else (fit.model().latest_quarter if fit else None)
 
     def _on_target(self, *_: object) -> None:
         fits = self.catalog.for_target(self.target.value)
@@ -389,31 +407,78 @@ class Dashboard:
         self.quarter.options = [ALL_QUARTERS] + quarters
         if self.quarter.value not in self.quarter.options:
             self.quarter.value = quarters[-1] if quarters else ALL_QUARTERS
+        grid = fit.grid()
+        with pn.io.hold():
+            self._update_layer_choices(grid)
+            self._update_map_quarters(grid)
         self._reset_clim()
         for button, path in ((self.geotiff, fit.geotiff_path), (self.test_geojson, fit.test_tiles_path)):
             button.disabled = not path.exists()
             if path.exists():
                 button.file = str(path)
                 button.filename = f"{fit.run.name}_{path.name}"
+        # the run's GeoTIFF holds the last mapped quarter only
+        mapped = grid_quarters(grid)
+        self.geotiff.label = f"GeoTIFF of the map ({mapped[-1]})" if len(mapped) > 1 else "GeoTIFF of the map"
 
-    def _layer_variable(self, fit: Fit) -> str:
-        template = LAYERS[self.layer.value][0]
-        return template.format(u=str(fit.dataset().units).lower())
+    def _update_layer_choices(self, grid: xr.Dataset | None) -> None:
+        """Offer the layers this grid has; keep the current one if it is among them."""
+        options = layer_options(grid)
+        value = self.layer.value if self.layer.value in options.values() else DEFAULT_LAYER
+        self.layer.param.update(options=options, value=value)
+
+    def _update_map_quarters(self, grid: xr.Dataset | None) -> None:
+        """The slider's quarters are the grid's; hidden for a 2-D grid (one quarter or time-free)."""
+        quarters = grid_quarters(grid)
+        if len(quarters) > 1:
+            value = self.map_quarter.value if self.map_quarter.value in quarters else quarters[-1]
+            self.map_quarter.param.update(options=quarters, value=value, visible=True)
+        else:
+            only = quarters or ["latest"]
+            self.map_quarter.param.update(options=only, value=only[0], visible=False)
+        self._enable_map_quarter()
+
+    def _enable_map_quarter(self) -> None:
+        """Change layers are one map between two quarters: the slider does not apply to them."""
+        self.map_quarter.disabled = not LAYER_BY_KEY.get(self.layer.value, LAYER_BY_KEY[DEFAULT_LAYER]).per_quarter
+
+    def _on_layer(self, *_: object) -> None:
+        """A new layer: its own colour limits, and the slider only for per-quarter layers."""
+        self._enable_map_quarter()
+        self._reset_clim()
+
+    def _follow_map_quarter(self, event: object) -> None:
+        """The observed-tiles overlay follows the map's quarter (unless it shows all quarters)."""
+        if self.quarter.value != ALL_QUARTERS and self.map_quarter.value in self.quarter.options:
+            self.quarter.value = self.map_quarter.value
+
+    def _layer(self, fit: Fit) -> Layer:
+        return resolve_layer(self.layer.value, fit.grid())
 
     def _reset_clim(self, *_: object) -> None:
+        """Colour limits of the layer over all quarters, so that colours compare between quarters."""
         fit = self.fit
         grid = fit.grid() if fit else None
         if grid is None:
             return
-        values = grid[self._layer_variable(fit)].to_numpy()
-        values = values[np.isfinite(values)]
-        if values.size == 0:
+        layer = self._layer(fit)
+        limits = colour_limits(grid[layer_variable(layer, grid)].to_numpy(), layer)
+        if limits is None:
             return
-        lo, hi = (float(v) for v in np.percentile(values, [2, 98]))
-        full_lo, full_hi = float(values.min()), float(values.max())
-        step = max((full_hi - full_lo) / 200.0, 1e-6)
+        start, end, value = limits
+        step = max((end - start) / 200.0, 1e-6)
         with pn.io.hold():
-            self.clim.param.update(start=full_lo, end=full_hi, step=step, value=(round(lo, 4), round(hi, 4)))
+            self.clim.param.update(start=start, end=end, step=step, value=value)
+
+    def _map_title(self, fit: Fit | None, layer_key: str, quarter_value: str) -> str:
+        """What the map shows: model, layer, and its quarter (or the change's two quarters)."""
+        if fit is None or fit.grid() is None:
+            return ""
+        grid = fit.grid()
+        layer = resolve_layer(layer_key, grid)
+        when = self._quarter(fit) if layer.per_quarter else f"change {change_span(grid)}"
+        when = f" · {when}" if when else ""
+        return f"**{fit.kind}** · {layer_label(layer, grid)}{when} · click the map to see the kernel slice and time series there"
 
     def _shown_tiles_geojson(self) -> io.BytesIO:
         fit = self.fit
@@ -422,90 +487,91 @@ class Dashboard:
         text = frame[columns].to_json() if frame is not None else '{"type": "FeatureCollection", "features": []}'
         return io.BytesIO(text.encode("utf-8"))
 
+    def _summary_csv(self) -> io.BytesIO:
+        """The area summary table shown (every column of summarize_polygons), as CSV."""
+        fit = self.fit
+        if fit is None or self.polygons is None or not fit.model().has_kernel:
+            return io.BytesIO(b"")
+        try:
+            summary = fit.polygon_summary(self.polygons, self._quarter(fit))
+        except (GeodbkError, OSError):  # the page already says why there is no table
+            return io.BytesIO(b"")
+        return io.BytesIO(summary.to_csv(index=False).encode("utf-8"))
+
     # -- the map ---------------------------------------------------------------------------
     @staticmethod
     def _basemap(overlays: list[str]) -> hv.Tiles:
         return hv.element.tiles.CartoLight().opts(alpha=1.0 if "basemap" in overlays else 0.0)
 
-    def _raster(self, fit: Fit | None, layer: str, clim: tuple[float, float]) -> hv.Image:
-        """The selected grid variable of the selected model, warped to Web Mercator."""
+    def _raster(self, fit: Fit | None, layer_key: str, clim: tuple[float, float], quarter_value: str) -> hv.Image:
+        """The selected grid variable of the selected model at the slider's quarter, in Web Mercator."""
         if fit is None or fit.grid() is None:
             return hv.Image([])
-        name = self._layer_variable(fit)
-        _, cmap, logz = LAYERS[layer]
-        units = fit.grid()[name].attrs.get("units", "")
-        label = f"{layer} [{units}]"
-        return hv.Image(fit.mercator_layer(name), kdims=["x", "y"], vdims=[hv.Dimension(name, label=label)]).opts(
-            cmap=cmap, logz=logz, clim=tuple(clim), colorbar=True, alpha=0.85, **raster_hover(label)
+        grid = fit.grid()
+        layer = resolve_layer(layer_key, grid)
+        name = layer_variable(layer, grid)
+        units = grid[name].attrs.get("units", "")
+        label = f"{layer_label(layer, grid)} [{units}]"
+        quarter = self._quarter(fit) if layer.per_quarter else None
+        return hv.Image(fit.mercator_layer(name, quarter), kdims=["x", "y"], vdims=[hv.Dimension(name, label=label)]).opts(
+            cmap=layer_cmap(layer, grid), logz=layer.logz, clim=tuple(clim), colorbar=True, alpha=0.85,
+            **raster_hover(label),
         )
 
     def _vector_layers(self, fit: Fit | None, quarter: str, overlays: list[str]) -> hv.Overlay:
-        """Urban/rural tiles, observed tiles of the quarter, region outline (empty when hidden)."""
+        """Urban/rural tiles, observed tiles of the quarter, region outline, polygons (empty when hidden)."""
         columns = ["lon", "lat", "value", "urban_rural", "year", "quarter"]
         frame = fit.dataset().frame[columns] if fit else pd.DataFrame(columns=columns)
-        urban = frame.drop_duplicates(["lon", "lat"]) if "urban/rural" in overlays else frame.iloc[:0]
-        observed = tiles_in_quarter(frame, quarter) if "observed tiles" in overlays and fit else frame.iloc[:0]
-        outline = outline_paths(fit.dataset().region.geometry) if "region outline" in overlays and fit else []
-        target, units = (fit.dataset().target, fit.dataset().units) if fit else ("value", "")
-        value = hv.Dimension("value", label=f"observed {target} [{units}]")
-        return hv.Overlay(
-            [
-                hv.Points(with_mercator(urban), ["easting", "northing"], ["urban_rural", "lon", "lat"]).opts(
-                    color="urban_rural",
-                    cmap=URBAN_COLOURS,
-                    marker="square",
-                    size=4,
-                    alpha=0.4,
-                    show_legend=True,
-                    legend_position="bottom_left",
-                ),
-                hv.Points(with_mercator(observed), ["easting", "northing"], [value, "urban_rural", "lon", "lat"]).opts(
-                    color="value",
-                    cmap="viridis",
-                    logz=True,
-                    size=3,
-                    alpha=0.8,
-                    line_color="white",
-                    line_width=0.2,
-                    tools=["hover"],
-                    hover_tooltips=[
-                        (value.label, "@value"),
-                        ("class", "@urban_rural"),
-                        ("lon", "@lon"),
-                        ("lat", "@lat"),
-                    ],
-                ),
-                hv.Path(outline).opts(color="black", line_width=1.2),
-            ]
+        return vector_overlay(
+            urban=frame.drop_duplicates(["lon", "lat"]) if "urban/rural" in overlays else frame.iloc[:0],
+            observed=tiles_in_quarter(frame, quarter) if "observed tiles" in overlays and fit else frame.iloc[:0],
+            outline=outline_paths(fit.dataset().region.geometry) if "region outline" in overlays and fit else [],
+            polygons=self._polygon_outlines(fit) if "polygons" in overlays else [],
+            label=f"observed {fit.dataset().target} [{fit.dataset().units}]" if fit else "observed value",
         )
+
+    def _polygon_outlines(self, fit: Fit | None) -> list[np.ndarray]:
+        """Outlines of the summary polygons that meet the region (none if the file cannot be read)."""
+        if fit is None or self.polygons is None:
+            return []
+        try:
+            polygons = fit.region_polygons(self.polygons)
+        except (GeodbkError, OSError):
+            return []
+        return [ring for geometry in polygons.geometry for ring in outline_paths(geometry)]
 
     def _reference_marker(self, x: float | None, y: float | None) -> hv.Points:
         """A cross at the kernel slice's reference point (the last click)."""
         fit = self.fit
         if fit is None:
-            lonlat = np.empty((0, 2))
-        elif x is None or y is None:
-            lonlat = np.array([default_reference(fit, fit.grid())])
-        else:
-            lonlat = np.array([mercator_to_lonlat(x, y)])
-        points = np.column_stack(_TO_MERCATOR.transform(lonlat[:, 0], lonlat[:, 1])) if len(lonlat) else lonlat
-        return hv.Points(points).opts(color="red", marker="x", size=14, line_width=3)
+            return hv.Points(np.empty((0, 2))).opts(color="red", marker="x", size=14, line_width=3)
+        lon, lat = self._point(fit, x, y)
+        return hv.Points([lonlat_to_mercator(lon, lat)]).opts(color="red", marker="x", size=14, line_width=3)
 
     # -- what a click shows ------------------------------------------------------------------
-    def kernel_view(self, fit: Fit | None, x: float | None, y: float | None, kind: str) -> pn.viewable.Viewable:
-        """Kernel slice (correlation or covariance) at the clicked point, and the predictive density there."""
+    @staticmethod
+    def _point(fit: Fit, x: float | None, y: float | None) -> tuple[float, float]:
+        """lon/lat of the last click, or the default reference point before the first one."""
+        return default_reference(fit, fit.grid()) if x is None or y is None else mercator_to_lonlat(x, y)
+
+    def kernel_view(
+        self, fit: Fit | None, x: float | None, y: float | None, kind: str, quarter_value: str
+    ) -> pn.viewable.Viewable:
+        """Kernel slice (correlation or covariance) at the clicked point and the map's quarter,
+        and the predictive density there."""
         if fit is None or fit.grid() is None:
             return pn.pane.Markdown("Pick a model run with a saved grid.")
         grid = fit.grid()
-        lon, lat = default_reference(fit, grid) if x is None or y is None else mercator_to_lonlat(x, y)
+        lon, lat = self._point(fit, x, y)
         model = fit.model()
-        quarter = grid.attrs.get("quarter")  # the quarter the raster shows (absent: a time-free model)
+        quarter = self._quarter(fit)  # the quarter the raster shows (None: a time-free model)
         pred = model.predict(np.array([[lon, lat]]), quarter)
         mean, sd = float(pred.mean[0]), float(pred.sd[0])
-        density = pn.pane.HoloViews(self._density(fit, mean, sd), css_classes=["geodbk-density"])
+        plot = density_plot(mean, sd, fit.dataset().units, width=SIDE_WIDTH, height=190)
+        density = pn.pane.HoloViews(plot, css_classes=["geodbk-density"])
         if not model.has_kernel:  # the knn and dnn baselines
             return pn.Column(
-                self._reference_pane(fit, lon, lat, mean, sd, kind, None),
+                self._reference_pane(fit, lon, lat, quarter, mean, sd, kind, None),
                 pn.pane.Alert(f"{fit.kind} is not a GP: it has no kernel to slice", alert_type="secondary", width=SIDE_WIDTH),
                 density,
             )
@@ -515,38 +581,27 @@ class Dashboard:
         units = f"log10({fit.dataset().units})²"
         if kind == "correlation":
             k_ref = float(model.kernel_slice(np.array([[lon, lat]]), np.array([[lon, lat]]), quarter)[0, 0])
-            values[inside] /= np.sqrt(np.clip(fit.prior_variance() * k_ref, 1e-30, None))
+            values[inside] /= np.sqrt(np.clip(fit.prior_variance(quarter) * k_ref, 1e-30, None))
             label, title = "ρ(x, x_ref)", f"correlation with ({lon:.4f}, {lat:.4f})"
         else:
             label, title = f"k(x, x_ref) [{units}]", f"k(·, x_ref) at ({lon:.4f}, {lat:.4f})"
-        # a diverging map centred on 0 when the slice changes sign, else a sequential one
-        signed = bool(np.nanmin(values) < 0)
-        k_slice = grid["mean"].copy(data=values.astype(np.float32)).rename("k")
-        image = hv.Image(mercator_raster(k_slice), kdims=["x", "y"], vdims=[hv.Dimension("k", label=label)]).opts(
-            cmap="RdBu_r" if signed else "viridis",
-            symmetric=signed,
-            colorbar=True,
-            **raster_hover(label),
-        )
-        ref_x, ref_y = _TO_MERCATOR.transform(lon, lat)
-        marker = hv.Points([(ref_x, ref_y)]).opts(color="red", marker="x", size=12, line_width=3)
-        outline = hv.Path(outline_paths(fit.dataset().region.geometry)).opts(color="black", line_width=0.8)
-        plot = (image * outline * marker).opts(
-            width=SIDE_WIDTH, height=260, xaxis=None, yaxis=None, data_aspect=1, toolbar=None, title=title
-        )
+        k_slice = at_quarter(grid["mean"], None).copy(data=values.astype(np.float32)).rename("k")
+        plot = kernel_slice_plot(k_slice, (lon, lat), fit.dataset().region.geometry, label=label, title=title,
+                                 width=SIDE_WIDTH, height=260)
         # text and plots are replaced together, so the text never describes an older click
         return pn.Column(
-            self._reference_pane(fit, lon, lat, mean, sd, kind, values[inside]),
+            self._reference_pane(fit, lon, lat, quarter, mean, sd, kind, values[inside]),
             pn.pane.HoloViews(plot, css_classes=["geodbk-kernel"]),
             density,
         )
 
     @staticmethod
     def _reference_pane(
-        fit: Fit, lon: float, lat: float, mean: float, sd: float, kind: str, k: np.ndarray | None
+        fit: Fit, lon: float, lat: float, quarter: str | None, mean: float, sd: float, kind: str, k: np.ndarray | None
     ) -> pn.pane.Markdown:
         """The clicked point, its predictive distribution in data and log10 units, and the slice's range."""
         units = fit.dataset().units
+        median, lower, upper = (float(v) for v in to_data_units(mean, sd))
         if k is None:
             kernel = "no kernel (not a GP)"
         else:
@@ -554,30 +609,38 @@ class Dashboard:
                 f"{kind} over the grid: min {np.nanmin(k):.4f}, median {np.nanmedian(k):.4f}, max {np.nanmax(k):.4f}"
             )
         text = (
-            f"**Reference point** lon {lon:.4f}, lat {lat:.4f}  \n"
-            f"Predicted median **{10**mean:.1f} {units}**, 95% PI "
-            f"[{10 ** (mean - Z95 * sd):.1f}, {10 ** (mean + Z95 * sd):.1f}] {units}  \n"
+            f"**Reference point** lon {lon:.4f}, lat {lat:.4f}" + (f" · {quarter}" if quarter else "") + "  \n"
+            f"Predicted median **{median:.1f} {units}**, 95% PI [{lower:.1f}, {upper:.1f}] {units}  \n"
             f"log10: mean {mean:.3f}, sd {sd:.3f}, PI width {2 * Z95 * sd:.3f}  \n"
             f"{kernel}"
         )
         return pn.pane.Markdown(text, css_classes=["geodbk-ref"], width=SIDE_WIDTH)
 
-    @staticmethod
-    def _density(fit: Fit, mean: float, sd: float) -> hv.Overlay:
-        units = fit.dataset().units
-        grid = np.linspace(mean - 4 * sd, mean + 4 * sd, 200)
-        density = np.exp(-0.5 * ((grid - mean) / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
-        xdim = hv.Dimension("log10_value", label=f"log10({units})")
-        inner = np.abs(grid - mean) <= Z95 * sd
-        band = hv.Area((grid[inner], density[inner]), xdim, "density").opts(color="#9ecae1", line_alpha=0)
-        curve = hv.Curve((grid, density), xdim, "density").opts(color="#08519c")
-        centre = hv.VLine(mean).opts(color="#08519c", line_dash="dashed")
-        lower, upper = 10 ** (mean - Z95 * sd), 10 ** (mean + Z95 * sd)
-        return (band * curve * centre).opts(
-            width=SIDE_WIDTH,
-            height=190,
-            toolbar=None,
-            title=f"predictive: median {10**mean:.1f} {units}, 95% PI [{lower:.1f}, {upper:.1f}]",
+    def series_view(self, fit: Fit | None, x: float | None, y: float | None, quarter_value: str) -> pn.viewable.Viewable:
+        """The predictive median and 95% band at the clicked point over every fitted quarter (one
+        ``predict_series`` call), with the observed tiles within NEAR_KM of it."""
+        if fit is None:
+            return pn.pane.Markdown("")
+        model = fit.model()
+        quarters = [str(q) for q in model.meta.get("quarters") or []]
+        if model.latest_quarter is None or not quarters:
+            return pn.pane.Alert(f"{fit.kind} is time-free (paper protocol): no time series", alert_type="secondary",
+                                 width=SIDE_WIDTH)
+        lon, lat = self._point(fit, x, y)
+        series = Series.from_predictions(quarters, model.predict_series(np.array([[lon, lat]]), quarters))
+        dataset = fit.dataset()
+        observed = observed_near(dataset.frame, lon, lat)
+        title = f"time series at ({lon:.4f}, {lat:.4f}): {len(quarters)} quarters"
+        plot = series_plot(series, observed, target=dataset.target, units=dataset.units, title=title,
+                           current=self._quarter(fit), width=SIDE_WIDTH, height=300)
+        text = (
+            f"**Time series** at lon {lon:.4f}, lat {lat:.4f}: {len(quarters)} quarters "
+            f"({quarters[0]}–{quarters[-1]}), median {series.median[0]:.1f} → {series.median[-1]:.1f} {dataset.units}; "
+            f"{len(observed)} observed tile-quarters within {NEAR_KM:g} km"
+        )
+        return pn.Column(
+            pn.pane.HoloViews(plot, css_classes=["geodbk-series"]),
+            pn.pane.Markdown(text, css_classes=["geodbk-series-text"], width=SIDE_WIDTH),
         )
 
     # -- tables and class comparison ---------------------------------------------------------
@@ -598,6 +661,41 @@ class Dashboard:
             width=SIDE_WIDTH,
         )
 
+    def summary_view(self, fit: Fit | None, quarter_value: str) -> pn.viewable.Viewable:
+        """The area summary table of the selected model over the polygon file, at the map's quarter."""
+        if fit is None or self.polygons is None:
+            return pn.pane.Markdown("", visible=False)
+        name = self.polygons.name
+        if not fit.model().has_kernel:
+            return pn.pane.Alert(
+                f"Area summaries over `{name}` need a GP model (the joint posterior); {fit.kind} is not one.",
+                alert_type="secondary", width=MAP_WIDTH, css_classes=["geodbk-summary-note"],
+            )
+        quarter = self._quarter(fit)
+        try:
+            if len(fit.region_polygons(self.polygons)) == 0:
+                return pn.pane.Alert(f"No polygon of `{name}` meets the region of this run.", alert_type="secondary",
+                                     width=MAP_WIDTH, css_classes=["geodbk-summary-note"])
+            summary = fit.polygon_summary(self.polygons, quarter)
+        except (GeodbkError, OSError) as err:
+            return pn.pane.Alert(f"No area summary: {err}", alert_type="warning", width=MAP_WIDTH,
+                                 css_classes=["geodbk-summary-note"])
+        units = fit.dataset().units
+        threshold = summary["threshold"].iloc[0] if "threshold" in summary else None
+        below = f"; share_below = expected share of the area under {threshold:g} {units}" if threshold else ""
+        heading = (
+            f"**Area summary** · {len(summary)} polygons of `{name}` · {fit.kind} · {quarter or 'all quarters'}  \n"
+            f"<small>area median and 95% interval in {units} (joint posterior){below}</small>"
+        )
+        return pn.Column(
+            pn.pane.Markdown(heading, css_classes=["geodbk-summary-title"]),
+            pn.pane.DataFrame(
+                summary_table(summary, units), index=False, width=MAP_WIDTH, max_height=320,
+                stylesheets=[":host { overflow-y: auto; }"], css_classes=["geodbk-summary"],
+            ),
+            self.summary_csv,
+        )
+
     def pi_width_view(self, fit: Fit | None) -> pn.viewable.Viewable:
         if fit is None:
             return pn.pane.Markdown("")
@@ -615,28 +713,36 @@ class Dashboard:
 
     # -- layout ------------------------------------------------------------------------------
     def view(self) -> pn.viewable.Viewable:
-        kernel = pn.bind(self.kernel_view, self.model, self.tap.param.x, self.tap.param.y, self.slice_kind)
-        controls = pn.Column(
-            pn.Row(self.target, self.quarter),
-            self.model,
+        tap = (self.tap.param.x, self.tap.param.y)
+        kernel = pn.bind(self.kernel_view, self.model, *tap, self.slice_kind, self.map_quarter)
+        series = pn.bind(self.series_view, self.model, *tap, self.map_quarter)
+        controls = pn.Row(
+            pn.Column(
+                pn.Row(self.target, self.quarter),
+                self.model,
+                self.map_quarter,
+                self.clim,
+                self.overlays,
+            ),
             self.layer,
-            self.clim,
-            self.overlays,
-            pn.Row(self.geotiff, self.test_geojson, self.tiles_geojson),
         )
+        downloads = pn.Row(self.geotiff, self.test_geojson, self.tiles_geojson)
         return pn.Column(
             pn.pane.Markdown("## geodbk · Deep Basis Kernel GP maps of mobile internet speed", margin=(0, 10)),
             self.notice,
             pn.Row(
                 pn.Column(
                     controls,
+                    downloads,
                     self.map_title,
                     pn.pane.HoloViews(self.map, css_classes=["geodbk-map"]),
+                    pn.bind(self.summary_view, self.model, self.map_quarter),
                     pn.bind(self.pi_width_view, self.model),
                 ),
                 pn.Column(
                     self.slice_kind,
                     pn.panel(kernel, defer_load=False),
+                    pn.panel(series, defer_load=False),
                     pn.bind(self.metrics_view, self.model),
                 ),
             ),
@@ -658,14 +764,14 @@ def missing_runs_page(catalog: Catalog) -> pn.viewable.Viewable:
     )
 
 
-def create_app(runs: list[Path], *, offline: bool) -> pn.viewable.Viewable:
-    """The page for the given run folders."""
+def create_app(runs: list[Path], *, offline: bool, polygons: Path | None = None) -> pn.viewable.Viewable:
+    """The page for the given run folders (and, optionally, a polygon file to summarise over)."""
     catalog = Catalog.scan(runs)
     if not catalog.fits:
         return missing_runs_page(catalog)
-    return Dashboard(catalog, offline=offline).view()
+    return Dashboard(catalog, offline=offline, polygons=polygons).view()
 
 
 if pn.state.served:
     _args = parse_args(sys.argv[1:])
-    create_app(_args.run, offline=_args.offline).servable(title="geodbk dashboard")
+    create_app(_args.run, offline=_args.offline, polygons=_args.polygons).servable(title="geodbk dashboard")

@@ -386,6 +386,9 @@ def _template(
     x_attrs, y_attrs = _coordinate_attrs(grid.crs)
     coords: dict[str, Any] = {"x": ("x", grid.x, x_attrs), "y": ("y", grid.y, y_attrs), **layers.coords()}
     ds = xr.Dataset(data_vars, coords=coords)
+    for name in ("time", "time_bounds"):  # one CF time encoding for the coordinate and its bounds
+        if name in ds.coords:
+            ds[name].encoding.update(units="days since 1970-01-01", calendar="proleptic_gregorian", dtype="int64")
     ds.attrs = {
         "title": f"geodbk predictive map of log10 {layers.target} ({layers.units})",
         "Conventions": "CF-1.8",

@@ -1,10 +1,13 @@
 """The Panel dashboard in a real browser: Debian's headless Chromium driven by Playwright.
 
-A session fixture builds a tiny run folder through the public API (one quarter of the
-Puerto Rico sample, small models, a coarse grid), serves ``apps/dashboard.py`` with
-``panel serve`` on a free loopback port in a subprocess, and the tests load the page, check
-what renders, click the map, and download a file. The browser may only talk to 127.0.0.1:
-every other request is aborted and recorded, and a test fails if one was attempted.
+A session fixture builds a tiny run folder through the public API (three quarters of the
+Puerto Rico sample, a small GP and the knn baseline, a coarse grid), serves
+``apps/dashboard.py`` with ``panel serve`` on a free loopback port in a subprocess, and the
+tests load the page, check what renders, move the quarter slider, switch map layers, click the
+map (kernel slice, time series), read the polygon summary table (a second server with
+``--polygons``), and download files. The browser may only talk to 127.0.0.1: every other
+request is aborted and recorded, and a test fails if one was attempted, or if the page logged
+a JS error.
 
 When Chromium is missing the tests skip, except under CI (env ``CI`` set), where they fail.
 """
@@ -44,13 +47,24 @@ CHROMIUM_ARGS = [
     # belt and braces: no name other than the loopback address resolves
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 ]
-KINDS = ("dbk-rbf", "dbk-silu")
-QUARTER = "2023Q4"
+#: A GP (kernel slices, change layers, area summaries) and the knn baseline (none of those).
+KINDS = ("dbk-rbf", "knn")
+QUARTERS = ("2022Q4", "2023Q2", "2023Q4")  # the change layers span the year 2022Q4 -> 2023Q4
+QUARTER = QUARTERS[-1]
 GRID_RESOLUTION = 0.02  # degrees: ~137 x 31 cells over Puerto Rico
 LOAD_TIMEOUT_MS = 90_000
 #: Panel renders each pane in a shadow root; Playwright's CSS selectors pierce it.
 REF_TEXT = ".geodbk-ref div"
 REF_PATTERN = re.compile(r"lon (-?\d+\.\d+), lat (-?\d+\.\d+)")
+MAP_TITLE = ".geodbk-map-title div"
+SERIES_TEXT = ".geodbk-series-text div"
+SLIDER_HANDLE = ".geodbk-quarter .noUi-handle"
+#: Two boxes over Puerto Rico (San Juan, Ponce) and one far away, which the page leaves out.
+POLYGONS = {
+    "San Juan box": [(-66.15, 18.36), (-66.0, 18.36), (-66.0, 18.46), (-66.15, 18.46)],
+    "Ponce box": [(-66.68, 17.98), (-66.55, 17.98), (-66.55, 18.06), (-66.68, 18.06)],
+    "Far away": [(-100.0, 40.0), (-99.0, 40.0), (-99.0, 41.0), (-100.0, 41.0)],
+}
 
 
 def chromium_executable(candidates: tuple[str | None, ...] | None = None) -> str:
@@ -68,11 +82,12 @@ def chromium_executable(candidates: tuple[str | None, ...] | None = None) -> str
 
 # --- the run folder -----------------------------------------------------------------------
 def build_tiny_run(run: Path) -> Path:
-    """A run folder from ``geodbk.workflow.run_demo`` with tiny settings (~20 s on 2 cores)."""
+    """A run folder from ``geodbk.workflow.run_demo`` with tiny settings (~20 s on 2 cores):
+    maps of three quarters along ``time`` and the change 2022Q4 -> 2023Q4."""
     from geodbk.workflow import DemoConfig, run_demo
 
     config = DemoConfig(
-        quarters=[QUARTER], models=KINDS, epochs=4, resolution=GRID_RESOLUTION, device="cpu", progress=False
+        quarters=list(QUARTERS), models=KINDS, epochs=2, resolution=GRID_RESOLUTION, device="cpu", progress=False
     )
     run_demo(run, config, echo=lambda line: None)
     return run
@@ -93,7 +108,7 @@ def free_port() -> int:
 class Server:
     """``panel serve apps/dashboard.py`` on a loopback port, in a subprocess."""
 
-    def __init__(self, run: Path, log: Path, *, via_cli: bool = False) -> None:
+    def __init__(self, run: Path, log: Path, *, via_cli: bool = False, polygons: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/dashboard"
         env = {**os.environ, "GEODBK_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -106,6 +121,8 @@ class Server:
                 "--allow-websocket-origin", f"127.0.0.1:{self.port}",
                 "--args", "--run", str(run),
             ]  # fmt: skip
+            if polygons is not None:
+                cmd += ["--polygons", str(polygons)]
         self.log = log
         self._log_file = log.open("w")
         self.process = subprocess.Popen(
@@ -140,17 +157,52 @@ class Server:
         self._log_file.close()
 
     def app_errors(self) -> list[str]:
-        """Python errors the server logged while running the app."""
-        return [
-            line
-            for line in self.log.read_text().splitlines()
-            if "Traceback" in line or "Error running application" in line
-        ]
+        """Python errors the server logged while running the app.
+
+        Not counted: tornado's "Task exception was never retrieved" for a message to a page that
+        a test had already closed (WebSocketClosedError), which is no error of the app.
+        """
+        errors = []
+        for entry in re.split(r"\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", self.log.read_text()):
+            if "WebSocketClosedError" in entry and "Task exception was never retrieved" in entry:
+                continue
+            errors += [line for line in entry.splitlines() if "Traceback" in line or "Error running application" in line]
+        return errors
 
 
 @pytest.fixture(scope="module")
 def server(run_folder: Path, tmp_path_factory: pytest.TempPathFactory):
     srv = Server(run_folder, tmp_path_factory.mktemp("serve") / "panel.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def write_polygons(path: Path) -> Path:
+    """:data:`POLYGONS` as a GeoJSON file (EPSG:4326) with a ``NAME`` column."""
+    features = [
+        {
+            "type": "Feature",
+            "properties": {"NAME": name},
+            "geometry": {"type": "Polygon", "coordinates": [[*map(list, ring), list(ring[0])]]},
+        }
+        for name, ring in POLYGONS.items()
+    ]
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def polygon_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_polygons(tmp_path_factory.mktemp("polygons") / "boxes.geojson")
+
+
+@pytest.fixture(scope="module")
+def polygon_server(run_folder: Path, polygon_file: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The same page with ``--polygons``: an area summary table under the map."""
+    srv = Server(run_folder, tmp_path_factory.mktemp("serve-polygons") / "panel.log", polygons=polygon_file)
     try:
         srv.wait_ready()
         yield srv
@@ -263,22 +315,108 @@ def distinct_colours(page, selector: str) -> int:
     )
 
 
+def canvas_checksum(page, selector: str) -> int:
+    """A checksum of every pixel of the first canvas matching ``selector``."""
+    return page.locator(selector).first.evaluate(
+        """(canvas) => {
+            const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+            let sum = 0;
+            for (let i = 0; i < data.length; i++) sum = (sum * 31 + data[i]) % 1000000007;
+            return sum;
+        }"""
+    )
+
+
+def wait_for_new_canvas(page, selector: str, before: int, timeout_s: float = 60.0) -> int:
+    """Wait until the canvas differs from the checksum ``before``; return its new checksum."""
+    deadline = time.monotonic() + timeout_s
+    while (now := canvas_checksum(page, selector)) == before:
+        assert time.monotonic() < deadline, f"{selector} did not change"
+        page.wait_for_timeout(200)
+    return now
+
+
+def wait_for_text(page, selector: str, *parts: str, timeout_s: float = 60.0) -> str:
+    """The text of the first element matching ``selector`` once it holds every one of ``parts``
+    (Panel re-renders a pane's text in place, so it can be briefly empty or old)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(part in (text := page.locator(selector).first.inner_text()) for part in parts):
+        assert time.monotonic() < deadline, f"{selector}: {parts} not in {text!r}"
+        page.wait_for_timeout(200)
+    return text
+
+
+def move_quarter_slider(page, key: str, expected: str) -> None:
+    """Press ``key`` (ArrowLeft, ArrowRight, Home, End) on the quarter slider's handle and wait
+    until the map's title shows ``expected``."""
+    handle = page.locator(SLIDER_HANDLE).first
+    handle.focus()
+    page.keyboard.press(key)
+    page.locator(MAP_TITLE, has_text=f"· {expected} ·").wait_for()
+
+
+def choose_layer(page, label: str) -> None:
+    """Click the map layer button ``label`` and wait until the map's title names it."""
+    page.locator(".geodbk-layers button", has_text=label).first.click()
+    page.locator(MAP_TITLE, has_text=label).wait_for()
+
+
+def bokeh_models(page) -> dict:
+    """Titles of the page's Bokeh plots and the lengths of its data columns ``series_median``
+    and ``observed_value`` (the time series' quarters and nearby observed tiles)."""
+    return page.evaluate(
+        """() => {
+            const out = {titles: [], series_median: [], observed_value: []};
+            for (const doc of Bokeh.documents) {
+                for (const model of doc.all_models) {
+                    if (model.type === "Title" && typeof model.text === "string") out.titles.push(model.text);
+                    if (model.type === "ColumnDataSource") {
+                        for (const column of ["series_median", "observed_value"]) {
+                            if (column in model.data) out[column].push(model.data[column].length);
+                        }
+                    }
+                }
+            }
+            return out;
+        }"""
+    )
+
+
+def tiles_within_km(frame, lon: float, lat: float, km: float) -> int:
+    """Rows of the dataset (every split and quarter) whose tile centre is within ``km`` (haversine)."""
+    import numpy as np
+
+    phi, phi0 = np.radians(frame["lat"].to_numpy()), np.radians(lat)
+    dlon = np.radians(frame["lon"].to_numpy() - lon)
+    half = np.sin((phi - phi0) / 2) ** 2 + np.cos(phi) * np.cos(phi0) * np.sin(dlon / 2) ** 2
+    return int((2 * 6371.0088 * np.arcsin(np.sqrt(half)) <= km).sum())
+
+
 # --- tests --------------------------------------------------------------------------------
 def test_dashboard_renders_map_widgets_and_tables(server, page_and_log, run_folder):
     page, log = page_and_log
     open_dashboard(page, server)
     # widgets
-    for label in ("Target", "Model run", "Observed tiles: quarter", "Colour limits"):
+    for label in ("Target", "Model run", "Observed tiles: quarter", "Colour limits", "Map quarter"):
         assert page.get_by_text(label, exact=False).first.is_visible(), label
     for kind in KINDS:
         assert page.locator("select option", has_text=kind).count() >= 1, kind
     assert page.locator("select option", has_text=QUARTER).count() == 1
-    for layer in ("Predictive median", "Predictive sd (log10)", "95% PI width (log10)"):
-        assert page.get_by_role("button", name=layer).is_visible(), layer
+    # the GP's grid has every layer, the threshold named in its label
+    for layer in (
+        "Predictive median", "Predictive sd (log10)", "95% PI width (log10)", "P(download < 35 Mbps)",
+        "Change (log10)", "Change in Mbps", "Change sd (log10)", "P(improvement)",
+    ):  # fmt: skip
+        assert page.get_by_role("button", name=layer, exact=True).is_visible(), layer
+    # the quarter slider starts at the latest quarter
+    assert page.locator(SLIDER_HANDLE).first.is_visible()
+    assert f"· {QUARTER} ·" in page.locator(MAP_TITLE).inner_text()
     for button in ("GeoTIFF of the map", "Test tiles GeoJSON", "Shown tiles GeoJSON"):
         assert page.get_by_text(button).first.is_visible(), button
-    # plots: map, kernel slice, predictive density, PI-width violin
-    for css in ("geodbk-map", "geodbk-kernel", "geodbk-density", "geodbk-violin"):
+    # no --polygons: no area summary
+    assert page.locator(".geodbk-summary").count() == 0
+    # plots: map, kernel slice, predictive density, time series, PI-width violin
+    for css in ("geodbk-map", "geodbk-kernel", "geodbk-density", "geodbk-series", "geodbk-violin"):
         canvas = page.locator(f".{css} canvas").first
         canvas.wait_for(state="visible")
         box = canvas.bounding_box()
@@ -375,6 +513,168 @@ def test_geodbk_serve_without_a_run_folder_explains_what_to_run(page_and_log, tm
     finally:
         srv.stop()
     assert log.problems() == [], log.problems()
+
+
+MAP_CANVAS = ".geodbk-map canvas"
+GP_LAYERS = (
+    "Predictive median", "Predictive sd (log10)", "95% PI width (log10)", "P(download < 35 Mbps)",
+    "Change (log10)", "Change in Mbps", "Change sd (log10)", "P(improvement)",
+)  # fmt: skip
+CHANGE_LAYERS = GP_LAYERS[4:]
+
+
+def select_model(page, kind: str, run_folder: Path) -> None:
+    """Choose the model ``kind`` of the run and wait until the map's title names it."""
+    label = f"{kind} ({run_folder.name}, download)"  # the model select's label of that fit
+    page.locator("select").filter(has=page.locator("option", has_text=label)).select_option(label=label)
+    page.locator(MAP_TITLE, has_text=kind).wait_for()
+
+
+def observed_quarter_select(page):
+    return page.locator("select").filter(has=page.locator("option", has_text="all quarters"))
+
+
+def test_quarter_slider_rerenders_the_map_for_that_quarter(server, page_and_log):
+    page, log = page_and_log
+    open_dashboard(page, server)
+    latest = canvas_checksum(page, MAP_CANVAS)
+    assert f"· {QUARTER}" in page.locator(REF_TEXT).inner_text()
+    # one step back: another image, and the point readout and the observed tiles follow
+    move_quarter_slider(page, "ArrowLeft", QUARTERS[-2])
+    middle = wait_for_new_canvas(page, MAP_CANVAS, latest)
+    page.locator(REF_TEXT, has_text=f"· {QUARTERS[-2]}").wait_for()
+    assert observed_quarter_select(page).input_value() == QUARTERS[-2]
+    move_quarter_slider(page, "ArrowLeft", QUARTERS[0])
+    first = wait_for_new_canvas(page, MAP_CANVAS, middle)
+    assert len({latest, middle, first}) == 3
+    # and forward again
+    move_quarter_slider(page, "ArrowRight", QUARTERS[1])
+    wait_for_new_canvas(page, MAP_CANVAS, first)
+    page.locator(REF_TEXT, has_text=f"· {QUARTERS[1]}").wait_for()
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []
+
+
+def test_every_layer_renders_and_the_knn_grid_offers_no_change_layers(server, page_and_log, run_folder):
+    page, log = page_and_log
+    open_dashboard(page, server)
+    before = canvas_checksum(page, MAP_CANVAS)
+    for label in GP_LAYERS[1:]:
+        choose_layer(page, label)
+        before = wait_for_new_canvas(page, MAP_CANVAS, before)
+        title = page.locator(MAP_TITLE).inner_text()
+        slider = page.locator(".geodbk-quarter .noUi-target").first
+        if label in CHANGE_LAYERS:  # one map between two quarters: the slider does not apply
+            assert f"change {QUARTERS[0]} → {QUARTERS[-1]}" in title, title
+            page.wait_for_function("(el) => el.hasAttribute('disabled')", arg=slider.element_handle())
+        else:
+            assert f"· {QUARTER} ·" in title, title
+            page.wait_for_function("(el) => !el.hasAttribute('disabled')", arg=slider.element_handle())
+    # the knn baseline has no change layers; its map falls back to the predictive median
+    select_model(page, KINDS[1], run_folder)
+    page.locator(MAP_TITLE, has_text="Predictive median").wait_for()
+    for label in GP_LAYERS[:4]:
+        assert page.get_by_role("button", name=label, exact=True).is_visible(), label
+    for label in CHANGE_LAYERS:
+        page.get_by_role("button", name=label, exact=True).wait_for(state="detached")
+    page.locator(".geodbk-kernel canvas").first.wait_for(state="detached")  # knn: no kernel slice
+    page.locator(REF_TEXT, has_text="no kernel (not a GP)").wait_for()
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []
+
+
+def test_click_on_map_shows_the_time_series_there(server, page_and_log, run_folder):
+    from geodbk.dataset import SpatialDataset
+
+    page, log = page_and_log
+    open_dashboard(page, server)
+    frame = SpatialDataset.load(run_folder / "dataset.parquet").frame
+    page.locator(".geodbk-series canvas").first.wait_for(state="visible")
+    # before any click: the series at the default reference point (urban: observed tiles nearby)
+    lon, lat = reference_lonlat(page)
+    nearby = tiles_within_km(frame, lon, lat, 1.0)
+    assert nearby > 0
+    wait_for_text(
+        page, SERIES_TEXT,
+        f"lon {lon:.4f}, lat {lat:.4f}: {len(QUARTERS)} quarters ({QUARTERS[0]}–{QUARTERS[-1]})",
+        f"{nearby} observed tile-quarters within 1 km",
+    )  # fmt: skip
+    # a click moves the series to the clicked point
+    lon, lat = click_map(page, 0.40, 0.45)
+    nearby = tiles_within_km(frame, lon, lat, 1.0)
+    text = wait_for_text(
+        page, SERIES_TEXT,
+        f"lon {lon:.4f}, lat {lat:.4f}: {len(QUARTERS)} quarters", f"{nearby} observed tile-quarters within 1 km",
+    )  # fmt: skip
+    title = f"time series at ({lon:.4f}, {lat:.4f}): {len(QUARTERS)} quarters"
+    deadline = time.monotonic() + 60
+    while title not in (models := bokeh_models(page))["titles"]:
+        assert time.monotonic() < deadline, f"no plot titled {title!r}: {models['titles']}"
+        page.wait_for_timeout(200)
+    # the plotted data: one median per fitted quarter, one point per observed tile nearby
+    assert models["series_median"] and set(models["series_median"]) == {len(QUARTERS)}, models
+    assert nearby in models["observed_value"], models
+    median = re.search(r"median (\d+\.\d) → (\d+\.\d) Mbps", text)
+    assert median and all(float(v) > 0 for v in median.groups()), text
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.mouse.move(1, 1)  # no hover tooltip over the map in the screenshot
+    page.locator(".geodbk-series canvas").first.wait_for(state="visible")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ARTIFACTS / "dashboard_time_series.png"), full_page=True)
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []
+
+
+def test_polygon_summary_table_follows_the_model_and_quarter(polygon_server, page_and_log, run_folder, polygon_file):
+    from geodbk.geomodel import GeoModel
+    from geodbk.regions import read_polygons
+    from geodbk.summaries import summarize_polygons
+
+    page, log = page_and_log
+    open_dashboard(page, polygon_server)
+    heading = page.locator(".geodbk-summary-title div").first
+    heading.wait_for()
+    assert f"2 polygons of {polygon_file.name}" in heading.inner_text().replace("`", "")
+    assert f"{KINDS[0]} · {QUARTER}" in heading.inner_text()
+    table = page.locator(".geodbk-summary table").first.inner_text()
+    for column in ("NAME", "median_mbps", "lower_mbps", "upper_mbps", "share_below", "cells", "observed_tiles"):
+        assert column in table, column
+    assert "San Juan box" in table and "Ponce box" in table and "Far away" not in table
+    # the numbers are geodbk.summaries.summarize_polygons' for that model and quarter
+    model = GeoModel.load(run_folder / "models" / f"{KINDS[0]}.pt")
+    boxes = read_polygons(polygon_file)
+    expected = summarize_polygons(model, boxes[boxes["NAME"] != "Far away"], time=QUARTER)
+    for value in expected["median_mbps"]:
+        assert f"{value:.1f}" in table, (value, table)
+    # the slider's quarter: a new table for it
+    move_quarter_slider(page, "ArrowLeft", QUARTERS[-2])
+    page.locator(".geodbk-summary-title div", has_text=f"{KINDS[0]} · {QUARTERS[-2]}").wait_for()
+    earlier = page.locator(".geodbk-summary table").first.inner_text()
+    assert earlier != table and "San Juan box" in earlier
+    # the polygon outlines are a map overlay, on by default
+    assert page.get_by_label("polygons", exact=True).is_checked()
+    # knn has no joint posterior: the table gives way to a note
+    select_model(page, KINDS[1], run_folder)
+    page.locator(".geodbk-summary-note div", has_text="need a GP model").wait_for()
+    assert page.locator(".geodbk-summary table").count() == 0
+    assert log.problems() == [], log.problems()
+    assert polygon_server.app_errors() == []
+
+
+def test_dashboard_takes_polygons_from_its_flag_or_the_environment(monkeypatch, tmp_path):
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(APP.parent))
+    spec = importlib.util.spec_from_file_location("dashboard_app", APP)
+    app = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, app)  # dataclasses look their module up
+    spec.loader.exec_module(app)
+    monkeypatch.delenv("GEODBK_POLYGONS", raising=False)
+    assert app.parse_args(["--run", "r"]).polygons is None
+    assert app.parse_args(["--run", "r", "--polygons", "a.geojson"]).polygons == Path("a.geojson")
+    monkeypatch.setenv("GEODBK_POLYGONS", str(tmp_path / "b.geojson"))
+    assert app.parse_args(["--run", "r"]).polygons == tmp_path / "b.geojson"
+    assert app.parse_args(["--polygons", "a.geojson"]).polygons == Path("a.geojson")  # the flag wins
 
 
 def test_missing_chromium_skips_locally_but_fails_in_ci(monkeypatch):

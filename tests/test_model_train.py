@@ -165,7 +165,7 @@ def test_resume_from_a_missing_or_corrupt_checkpoint_is_a_clear_error(toy, tmp_p
         fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL, train_config=cfg, resume=tmp_path / "absent.pt")
     bad = tmp_path / "bad.pt"
     bad.write_text("truncated")
-    with pytest.raises(InputDataError, match="not a readable"):
+    with pytest.raises(InputDataError, match="not a geodbk model file"):
         fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL, train_config=cfg, resume=bad)
 
 
