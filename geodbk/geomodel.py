@@ -121,7 +121,11 @@ class GeoModel:
         prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
         if self.residuals is None:
             return prediction
-        shift, var = self.residuals.condition(lonlat, self.inputs.years(time, len(lonlat)))
+        return self._with_residuals(prediction, *self.residuals.condition(lonlat, self.inputs.years(time, len(lonlat))))
+
+    def _with_residuals(self, prediction: Prediction, shift: np.ndarray, var: np.ndarray) -> Prediction:
+        """The GP's prediction plus the local field's kriged residual ``shift`` and its conditional
+        ``var``: mean + shift, sd^2 -> s sd^2 + var (both sds)."""
         scale = self.residuals.kernel.variance_scale
 
         def widened(sd: np.ndarray | None) -> np.ndarray | None:
@@ -139,8 +143,7 @@ class GeoModel:
             return gp
         years = np.stack([self.inputs.years(when, len(lonlat)) for when in times])
         shift, var = self.residuals.condition(lonlat, years)
-        scale = self.residuals.kernel.variance_scale
-        return [Prediction(p.mean + shift[t], np.sqrt(scale * p.sd**2 + var[t])) for t, p in enumerate(gp)]
+        return [self._with_residuals(p, shift[t], var[t]) for t, p in enumerate(gp)]
 
     def predict_tiles(self, tiles: pd.DataFrame) -> Prediction:
         """Predictions for dataset rows (columns lon, lat, year, quarter, tests): each at its own
@@ -162,7 +165,7 @@ class GeoModel:
             raise InputDataError(f"the {self.kind} model is time-free ({self.inputs.protocol} protocol); it has no change")
         lonlat = _lonlat(lonlat, "lonlat")
         X_from, X_to = self.features(lonlat, time_from), self.features(lonlat, time_to)
-        before, after = self.predict(lonlat, time_from), self.predict(lonlat, time_to)
+        before, after = self.predict_series(lonlat, [time_from, time_to])
         var = self.regressor.difference_variance(X_from, X_to)
         nugget = self.regressor.tile_noise_variance  # in the tile-mean sd, not in the latent f
         if self.residuals is not None:

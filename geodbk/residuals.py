@@ -143,15 +143,8 @@ class ResidualField:
         mean, var = np.empty(years.shape), np.empty(years.shape)
         for start in range(0, len(lonlat), _CHUNK):
             rows = slice(start, start + _CHUNK)
-            index, distance, lag, pairwise, pairwise_lag = self._geometry(lonlat[rows], years[0, rows])
-            gram = self._gram(index, pairwise, pairwise_lag, self.kernel)
-            shifts = (years[:, rows] - years[0, rows])[:, :, None]  # (T, n, 1)
-            cross = self.kernel(np.broadcast_to(distance, shifts.shape[:2] + distance.shape[1:]), lag + shifts)  # (T, n, m)
-            rhs = np.concatenate([self.residual[index][..., None], np.moveaxis(cross, 0, -1)], axis=-1)
-            solved = np.linalg.solve(gram, rhs)  # (n, m, 1 + T)
-            mean[:, rows] = np.einsum("tnm,nm->tn", cross, solved[..., 0])
-            explained = np.einsum("tnm,nmt->tn", cross, solved[..., 1:])
-            var[:, rows] = np.maximum(self.kernel.prior_var - explained, 0.0)
+            geometry = self._geometry(lonlat[rows], years[0, rows])
+            mean[:, rows], var[:, rows] = self._solve(geometry, self.kernel, years[:, rows] - years[0, rows])
         return (mean, var) if series else (mean[0], var[0])
 
     def _geometry(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -169,14 +162,19 @@ class ResidualField:
         gram[:, diagonal, diagonal] += kernel.variance_scale * self.noise_var[index]
         return gram
 
-    def _solve(self, geometry: tuple[np.ndarray, ...], kernel: LocalKernel) -> tuple[np.ndarray, np.ndarray]:
+    def _solve(
+        self, geometry: tuple[np.ndarray, ...], kernel: LocalKernel, steps: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Kriged mean and conditional variance at the geometry's queries, (n,); with ``steps``
+        (T, n), at each query's time plus each step, (T, n), from one solve per neighbourhood."""
         index, distance, lag, pairwise, pairwise_lag = geometry
-        cross = kernel(distance, lag)  # (n, m)
-        gram = self._gram(index, pairwise, pairwise_lag, kernel)
-        solved = np.linalg.solve(gram, np.stack([self.residual[index], cross], axis=-1))
-        mean = (cross * solved[..., 0]).sum(-1)
-        var = np.maximum(kernel.prior_var - (cross * solved[..., 1]).sum(-1), 0.0)
-        return mean, var
+        shifts = (np.zeros((1, len(index))) if steps is None else steps)[:, :, None]  # (T, n, 1)
+        cross = kernel(np.broadcast_to(distance, shifts.shape[:2] + distance.shape[1:]), lag + shifts)  # (T, n, m)
+        rhs = np.concatenate([self.residual[index][..., None], np.moveaxis(cross, 0, -1)], axis=-1)
+        solved = np.linalg.solve(self._gram(index, pairwise, pairwise_lag, kernel), rhs)  # (n, m, 1 + T)
+        mean = np.einsum("tnm,nm->tn", cross, solved[..., 0])
+        var = np.maximum(kernel.prior_var - np.einsum("tnm,nmt->tn", cross, solved[..., 1:]), 0.0)
+        return (mean[0], var[0]) if steps is None else (mean, var)
 
     def change_variance(self, lonlat: np.ndarray, years_from: np.ndarray, years_to: np.ndarray) -> np.ndarray:
         """Conditional variance (n,) of the residual's change r(x, t_to) - r(x, t_from) at
