@@ -273,7 +273,7 @@ def _parse_change(text: str | None) -> tuple[str, str] | None:
 
 
 def _threshold(args: argparse.Namespace) -> float | str | None:
-    from geodbk.layers import DEFAULT
+    from geodbk.thresholds import DEFAULT
 
     return None if args.no_threshold else (DEFAULT if args.threshold is None else args.threshold)
 

@@ -31,7 +31,8 @@ from shapely.geometry.base import BaseGeometry
 from tqdm.auto import tqdm
 
 from geodbk.errors import ExtrapolationWarning, InputDataError, RegionError
-from geodbk.layers import DEFAULT, GridLayers, model_meta
+from geodbk.layers import GridLayers, model_meta
+from geodbk.thresholds import DEFAULT
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset import SpatialDataset

@@ -44,10 +44,7 @@ import pandas as pd
 from geodbk.errors import InputDataError
 from geodbk.inputs import parse_quarter_label, parse_time
 from geodbk.prediction import Z95, probability_below, to_data_units
-from geodbk.thresholds import THRESHOLD_SOURCE, check_threshold, default_threshold
-
-#: ``threshold=DEFAULT`` asks for the benchmark of the model's service and target.
-DEFAULT = "default"
+from geodbk.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
 
 Dims = tuple[str, ...]
 
@@ -112,10 +109,7 @@ class GridLayers:
                 _check_quarter(quarter)
         if stacked and len(set(quarters)) != len(quarters):
             raise InputDataError(f"quarters repeat: {', '.join(map(str, quarters))}")
-        if threshold == DEFAULT:
-            level = default_threshold(meta)
-        else:
-            level = None if threshold is None else check_threshold(float(threshold))
+        level = resolve_threshold(threshold, meta)
         pair = None
         if change is not None:
             pair = tuple(change)
@@ -252,4 +246,4 @@ def _check_quarter(quarter: str) -> None:
     parse_time(quarter)
 
 
-__all__ = ["DEFAULT", "GridLayers", "model_meta", "quarter_start"]
+__all__ = ["GridLayers", "model_meta", "quarter_start"]

@@ -20,6 +20,7 @@ from torch import nn
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.config import ModelConfig
+from geodbk.models.expansions import ard_rbf
 from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import Prediction
 
@@ -325,6 +326,7 @@ def _grouped_rbf_quadratic_form(
     O(block^2) and time O(sum_g n_g^2).
     """
     out = torch.zeros(n_groups, dtype=z.dtype, device=z.device)
+    unit = z.new_ones(())  # z is already divided by the lengthscales; s^2 is applied by the caller
     bounds = torch.searchsorted(groups, torch.arange(n_groups + 1, device=groups.device)).tolist()
     for g in range(n_groups):
         lo, hi = bounds[g], bounds[g + 1]
@@ -332,8 +334,7 @@ def _grouped_rbf_quadratic_form(
             zi, wi = z[i : min(i + block, hi)], w[i : min(i + block, hi)]
             for j in range(lo, hi, block):
                 zj, wj = z[j : min(j + block, hi)], w[j : min(j + block, hi)]
-                sq = (zi * zi).sum(-1, keepdim=True) + (zj * zj).sum(-1) - 2.0 * zi @ zj.T
-                out[g] += wi @ torch.exp(-0.5 * sq.clamp_min(0.0)) @ wj
+                out[g] += wi @ ard_rbf(zi, zj, unit, unit) @ wj
     return out
 
 

@@ -34,9 +34,9 @@ import shapely
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.grids import RegularGrid
-from geodbk.layers import DEFAULT, model_meta
+from geodbk.layers import model_meta
 from geodbk.prediction import probability_below, to_data_units
-from geodbk.thresholds import check_threshold, default_threshold
+from geodbk.thresholds import DEFAULT, resolve_threshold
 
 #: Cell side of the summary grid when none is given: 0.005 degrees, about one zoom-16 tile.
 DEFAULT_RESOLUTION = 0.005
@@ -92,7 +92,7 @@ def summarize_polygons(
     if not getattr(model, "has_kernel", False):
         raise InputDataError(f"area summaries need a GP model; {model.kind} has no joint posterior")
     meta = model_meta(model)
-    level = default_threshold(meta) if threshold == DEFAULT else (None if threshold is None else check_threshold(float(threshold)))
+    level = resolve_threshold(threshold, meta)
     quarter = time or model.latest_quarter
     lonlat, groups, weights = polygon_cells(polygons, resolution)
     with warnings.catch_warnings(record=True) as caught:

@@ -35,6 +35,18 @@ def default_threshold(meta: Mapping[str, Any]) -> float | None:
     return DEFAULT_THRESHOLDS.get((str(meta.get("service", "mobile")), str(meta.get("target", "download"))))
 
 
+#: ``threshold=DEFAULT`` asks for the benchmark of the model's service and target.
+DEFAULT = "default"
+
+
+def resolve_threshold(threshold: float | str | None, meta: Mapping[str, Any]) -> float | None:
+    """The threshold in data units: :func:`default_threshold` for ``DEFAULT``, ``None`` for
+    none, else the checked number."""
+    if threshold == DEFAULT:
+        return default_threshold(meta)
+    return None if threshold is None else check_threshold(float(threshold))
+
+
 def check_threshold(value: float) -> float:
     """A threshold in data units must be a finite positive number (it is compared on log10)."""
     value = float(value)
@@ -43,4 +55,4 @@ def check_threshold(value: float) -> float:
     return value
 
 
-__all__ = ["DEFAULT_THRESHOLDS", "THRESHOLD_SOURCE", "check_threshold", "default_threshold"]
+__all__ = ["DEFAULT", "DEFAULT_THRESHOLDS", "THRESHOLD_SOURCE", "check_threshold", "default_threshold", "resolve_threshold"]

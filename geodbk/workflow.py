@@ -25,9 +25,9 @@ from geodbk.export import write_geotiff, write_tile_predictions
 from geodbk.geomodel import GeoModel, fit_dataset, map_model_config
 from geodbk.grids import RegularGrid, predict_grid, reference_points
 from geodbk.inputs import parse_quarter_label
-from geodbk.layers import DEFAULT
 from geodbk.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
 from geodbk.models.config import ModelConfig
+from geodbk.thresholds import DEFAULT
 from geodbk.train import TrainConfig
 
 #: Model kinds the demo fits by default: the headline DBK, the SVGP baseline on the same deep
