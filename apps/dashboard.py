@@ -63,7 +63,6 @@ from dashboard_views import (
     mercator_to_lonlat,
     observed_near,
     outline_paths,
-    polygons_in_region,
     raster_hover,
     resolve_layer,
     series_plot,
@@ -78,7 +77,7 @@ from geodbk.geomodel import GeoModel
 from geodbk.grids import open_grid
 from geodbk.prediction import Z95, to_data_units
 from geodbk.regions import read_polygons
-from geodbk.summaries import summarize_polygons
+from geodbk.summaries import polygons_in_region, summarize_polygons
 from geodbk.workflow import RunFolder
 
 hv.extension("bokeh")

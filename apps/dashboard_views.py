@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import geopandas as gpd
 import holoviews as hv
 import numpy as np
 import pandas as pd
@@ -440,13 +439,6 @@ def log_ticks(low: float, high: float) -> list[float]:
 SUMMARY_COLUMNS = ("median_{u}", "lower_{u}", "upper_{u}", "share_below", "sd_log10", "cells", "observed_tiles")
 #: Polygon columns tried, in order, as the table's name column.
 NAME_COLUMNS = ("NAME", "name", "NAMELSAD", "Name", "GEOID", "geoid", "id")
-
-
-def polygons_in_region(polygons: gpd.GeoDataFrame, region: shapely.Geometry) -> gpd.GeoDataFrame:
-    """The polygons (EPSG:4326) that meet the region: a bounding-box test first, then the shape."""
-    west, south, east, north = region.bounds
-    near = polygons.cx[west:east, south:north]
-    return near[near.intersects(region)]
 
 
 def name_column(frame: pd.DataFrame) -> str | None:

@@ -431,7 +431,13 @@ def _run_summarize(args: argparse.Namespace) -> int:
     from geodbk.geomodel import GeoModel
     from geodbk.inputs import parse_time
     from geodbk.regions import load_region, read_polygons
-    from geodbk.summaries import DEFAULT_RESOLUTION, SUMMARY_FORMATS, summarize_polygons, write_summary
+    from geodbk.summaries import (
+        DEFAULT_RESOLUTION,
+        SUMMARY_FORMATS,
+        polygons_in_region,
+        summarize_polygons,
+        write_summary,
+    )
 
     if not args.out.lower().endswith(SUMMARY_FORMATS):
         raise InputDataError(f"--out must end in one of {', '.join(SUMMARY_FORMATS)}, got {args.out}")
@@ -440,12 +446,11 @@ def _run_summarize(args: argparse.Namespace) -> int:
     model = GeoModel.load(args.model)
     polygons = read_polygons(args.polygons, what="polygon", keep_crs=True)
     if not args.all_polygons and model.meta.get("region"):
-        region = load_region(model.meta["region"]).geometry
-        overlaps = polygons.to_crs(4326).intersects(region).to_numpy()
-        if not overlaps.any():
+        kept = polygons_in_region(polygons, load_region(model.meta["region"]).geometry)
+        if len(kept) == 0:
             raise InputDataError(f"no polygon in {args.polygons} overlaps the model's region {model.meta['region']}")
-        print(f"kept {int(overlaps.sum())} of {len(polygons)} polygons that overlap {model.meta['region']}")
-        polygons = polygons[overlaps]
+        print(f"kept {len(kept)} of {len(polygons)} polygons that overlap {model.meta['region']}")
+        polygons = kept
     start = time.perf_counter()
     summary = summarize_polygons(
         model, polygons, time=args.quarter, resolution=args.resolution or DEFAULT_RESOLUTION, threshold=_threshold(args)

@@ -44,6 +44,17 @@ DEFAULT_RESOLUTION = 0.005
 SUMMARY_FORMATS = (".parquet", ".geoparquet", ".geojson", ".json", ".csv")
 
 
+def polygons_in_region(polygons: gpd.GeoDataFrame, region: shapely.Geometry) -> gpd.GeoDataFrame:
+    """The polygons (any CRS, kept) that meet ``region`` (a lon/lat geometry): a bounding-box
+    test first, then the shape. A county file holds thousands of polygons outside one state."""
+    lonlat = polygons.to_crs(4326).geometry.reset_index(drop=True)
+    west, south, east, north = region.bounds
+    near = lonlat.cx[west:east, south:north]
+    keep = np.zeros(len(polygons), dtype=bool)
+    keep[near.index[near.intersects(region)]] = True
+    return polygons[keep]
+
+
 def polygon_cells(polygons: gpd.GeoDataFrame, resolution: float | str = DEFAULT_RESOLUTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cells covering each polygon: lon/lat (m, 2) degrees, polygon index (m,) and cell
     weight (m,) proportional to its area (cos(latitude) for a degree grid).
@@ -145,4 +156,4 @@ def write_summary(frame: gpd.GeoDataFrame, path: str | Path) -> Path:
     return path
 
 
-__all__ = ["DEFAULT_RESOLUTION", "polygon_cells", "summarize_polygons", "write_summary"]
+__all__ = ["DEFAULT_RESOLUTION", "polygon_cells", "polygons_in_region", "summarize_polygons", "write_summary"]
