@@ -4,7 +4,7 @@ Serve it with ``geodbk serve --run outputs/demo`` or
 ``panel serve apps/dashboard.py --args --run outputs/demo``.
 
 A run folder is what ``geodbk demo`` writes (see ``docs/architecture.md``): the dataset,
-one fitted :class:`geodbk.geomodel.GeoModel` per model kind, the metrics table and the
+one fitted :class:`geodbk.fit.geomodel.GeoModel` per model kind, the metrics table and the
 prebuilt prediction grids. Nothing is trained when the page opens: the map layers come from
 the saved grids (one map per fitted quarter, chosen with the quarter slider, plus the change
 between two quarters), and only what follows a click is computed live: the kernel slice over
@@ -15,7 +15,7 @@ Arguments after ``--args``: ``--run DIR`` (repeatable; default ``$GEODBK_RUN`` o
 ``outputs/demo``), ``--offline`` (no basemap tiles; ``GEODBK_OFFLINE=1`` does the same) and
 ``--polygons FILE`` (default ``$GEODBK_POLYGONS``): a polygon file (counties, tracts; GeoJSON,
 shapefile zip, GeoPackage, GeoParquet) whose polygons meeting the model's region get an area
-summary table (:func:`geodbk.summaries.summarize_polygons`) for the slider's quarter.
+summary table (:func:`geodbk.maps.summaries.summarize_polygons`) for the slider's quarter.
 
 The page's building blocks that hold no widget state are in ``apps/dashboard_views.py``.
 """
@@ -70,14 +70,14 @@ from dashboard_views import (
     tiles_in_quarter,
     vector_overlay,
 )
-from geodbk.dataset import SpatialDataset
+from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import GeodbkError
-from geodbk.export import tile_predictions
-from geodbk.geomodel import GeoModel
-from geodbk.grids import open_grid
-from geodbk.prediction import Z95, to_data_units
-from geodbk.regions import read_polygons
-from geodbk.summaries import polygons_in_region, summarize_polygons
+from geodbk.io.vectors import tile_predictions
+from geodbk.fit.geomodel import GeoModel
+from geodbk.maps.stores import open_grid
+from geodbk.fit.prediction import Z95, to_data_units
+from geodbk.ingest.regions import read_polygons
+from geodbk.maps.summaries import polygons_in_region, summarize_polygons
 from geodbk.workflow import RunFolder
 
 hv.extension("bokeh")
@@ -144,7 +144,7 @@ def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float],
 
 @pn.cache(max_items=16)
 def _test_tiles(model_path: str, dataset_path: str, stamp: float) -> pd.DataFrame:
-    """:func:`geodbk.export.tile_predictions` of a model at its run's test tiles."""
+    """:func:`geodbk.io.vectors.tile_predictions` of a model at its run's test tiles."""
     model = _load_model(model_path, _stamp(Path(model_path)))
     dataset = _load_dataset(dataset_path, _stamp(Path(dataset_path)))
     return pd.DataFrame(tile_predictions(model, dataset, split="test").drop(columns="geometry"))
@@ -166,7 +166,7 @@ def _region_polygons(polygons_path: str, dataset_path: str, stamp: tuple[float, 
 def _polygon_summary(
     model_path: str, polygons_path: str, dataset_path: str, stamp: tuple[float, float, float], quarter: str | None
 ) -> pd.DataFrame:
-    """:func:`geodbk.summaries.summarize_polygons` of one model and quarter over the region's polygons."""
+    """:func:`geodbk.maps.summaries.summarize_polygons` of one model and quarter over the region's polygons."""
     polygons = _region_polygons(polygons_path, dataset_path, stamp[1:])
     summary = summarize_polygons(_load_model(model_path, stamp[0]), polygons, time=quarter)
     return pd.DataFrame(summary.drop(columns="geometry"))

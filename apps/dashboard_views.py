@@ -5,7 +5,7 @@ saved grid, the time series at a clicked point and the polygon summary table. Ev
 here takes plain values (grids, frames, arrays) and returns HoloViews elements, xarray
 objects or frames, so the page class only wires widgets to these functions.
 
-A grid comes in one of two layouts (see :mod:`geodbk.layers`): per-quarter variables with
+A grid comes in one of two layouts (see :mod:`geodbk.maps.schema`): per-quarter variables with
 dims ``(time, y, x)`` and a ``quarter`` label coordinate (the default of ``geodbk demo``),
 or 2-D ``(y, x)`` variables with the mapped quarter in the ``quarter`` attribute (``geodbk
 demo --quarter``, or a time-free model without it).
@@ -24,7 +24,7 @@ import shapely
 import xarray as xr
 from bokeh.models import CustomJSHover
 
-from geodbk.prediction import Z95, to_data_units
+from geodbk.fit.prediction import Z95, to_data_units
 
 #: Observed tiles within this distance of a clicked point are drawn on its time series.
 NEAR_KM = 1.0

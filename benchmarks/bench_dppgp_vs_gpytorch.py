@@ -27,9 +27,10 @@ import time
 import gpytorch
 import torch
 
-from geodbk.dataset import load_sample_dataset
+from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.models import ModelConfig, get_model_spec
-from geodbk.train import TrainConfig, make_optimizer, train_epoch
+from geodbk.models.config import TrainConfig
+from geodbk.fit.train import make_optimizer, train_epoch
 
 
 class GPyTorchSVGP(gpytorch.models.ApproximateGP):

@@ -82,8 +82,8 @@ def _square_grid(size: int):
     """``(region, grid, side)``: PR and a ``size`` x ``size`` lon/lat grid centred on it."""
     from affine import Affine
 
-    from geodbk.grids import WGS84, RegularGrid
-    from geodbk.regions import load_region
+    from geodbk.maps.geometry import WGS84, RegularGrid
+    from geodbk.ingest.regions import load_region
 
     region = load_region("PR")
     west, south, east, north = region.geometry.bounds
@@ -98,8 +98,9 @@ def worker(model_path: str, size: int, mode: str, out_dir: str, refs: bool) -> d
     """Predict one ``size`` x ``size`` grid; returns the measurements (runs in its own process)."""
     import numpy as np
 
-    from geodbk.geomodel import GeoModel
-    from geodbk.grids import RegularGrid, predict_grid
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.maps.geometry import RegularGrid
+    from geodbk.maps.predict import predict_grid
 
     model = GeoModel.load(model_path)
     region, grid, side = _square_grid(size)
@@ -164,8 +165,9 @@ def quarter_worker(model_path: str, size: int, n_quarters: int, out_dir: str, re
     import numpy as np
 
     from geodbk.errors import ExtrapolationWarning
-    from geodbk.geomodel import GeoModel
-    from geodbk.grids import RegularGrid, predict_grid
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.maps.geometry import RegularGrid
+    from geodbk.maps.predict import predict_grid
 
     model = GeoModel.load(model_path)
     labels, note = quarter_labels(list(model.meta["quarters"]), n_quarters)
@@ -214,9 +216,9 @@ def quarter_worker(model_path: str, size: int, n_quarters: int, out_dir: str, re
 
 def fit_small_model(path: Path, quarters: tuple[str, ...] | None = ("2023Q4",)) -> None:
     """DBK-RBF, 5 epochs, on the PR sample's ``quarters`` (None: every quarter), saved to ``path``."""
-    from geodbk.dataset import load_sample_dataset
-    from geodbk.geomodel import fit_dataset
-    from geodbk.train import TrainConfig
+    from geodbk.dataset.spatial_dataset import load_sample_dataset
+    from geodbk.fit.geomodel import fit_dataset
+    from geodbk.models.config import TrainConfig
 
     dataset = load_sample_dataset("PR", quarters=None if quarters is None else list(quarters))
     fit_dataset(dataset, "dbk-rbf", train_config=TrainConfig(epochs=5, device="cpu", progress=False)).save(path)

@@ -9,7 +9,7 @@ width for the urban and rural classes. Then print the acceptance checks of the i
 
 Choices are made on validation data (``--eval val``); reports use the test split
 (``--eval test``, the default). ``--tune`` instead prints the validation NLL of dbk-rbf
-over a grid of positional-encoding settings (the defaults in :mod:`geodbk.geomodel` are
+over a grid of positional-encoding settings (the defaults in :mod:`geodbk.fit.geomodel` are
 checked against it).
 
 Usage::
@@ -28,10 +28,10 @@ import warnings
 
 import pandas as pd
 
-from geodbk.dataset import load_sample_dataset
+from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import ExtrapolationWarning
-from geodbk.geomodel import ENCODING_SCALES, MIN_WAVELENGTH_M, fit_dataset, map_model_config
-from geodbk.train import TrainConfig
+from geodbk.fit.geomodel import ENCODING_SCALES, MIN_WAVELENGTH_M, fit_dataset, map_model_config
+from geodbk.models.config import TrainConfig
 from geodbk.workflow import DemoConfig, evaluate_on_test
 
 SPACE_TIME_MODELS = ("dbk-rbf", "sv-dkl", "knn")

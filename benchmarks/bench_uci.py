@@ -2,7 +2,7 @@
 
 For each dataset and model: split k of the fixed test masks (10% test), validation carved
 from the training rows with a fixed seed, inputs scaled to [-1, 1] and y standardised with
-training statistics; fit with :func:`geodbk.train.fit_arrays` (best validation NLL kept);
+training statistics; fit with :func:`geodbk.fit.train.fit_arrays` (best validation NLL kept);
 print test MAE, RMSE, NLL, CRPS (standardised units, like the papers), fit time, and the
 papers' MAE / RMSE / NLL where the digest has them ("n/a" elsewhere).
 
@@ -20,7 +20,6 @@ Paper protocols differ from ours (004: random 70/10/20 splits, 5 seeds; 001: ran
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 from dataclasses import replace
@@ -29,10 +28,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geodbk.metrics import crps_gaussian, gaussian_nll, mae
+from geodbk.fit.metrics import crps_gaussian, gaussian_nll, mae
 from geodbk.models import ModelConfig
-from geodbk.train import TrainConfig, fit_arrays
-from geodbk.uci import default_uci_root, load_uci
+from geodbk.fit.train import fit_arrays
+from geodbk.models.config import TrainConfig
+from geodbk.ingest.uci import default_uci_root, load_uci
 
 # (dataset, kind) -> (source, MAE, RMSE, NLL) as reported (standardised targets).
 # 004 = Zhu, Yuchi, Xie (earlier DBK paper), Table 1; 001 = Daskalakis et al. (DFGP/DMGP),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from geodbk.errors import GeodbkError
 
@@ -42,10 +42,10 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ingest(args: argparse.Namespace) -> int:
-    from geodbk.dataset import build_dataset, sample_tiles_path
+    from geodbk.dataset.spatial_dataset import build_dataset, sample_tiles_path
     from geodbk.errors import InputDataError
-    from geodbk.ookla import ookla_url
-    from geodbk.regions import DEFAULT_BUFFER_DEG
+    from geodbk.ingest.ookla import ookla_url
+    from geodbk.ingest.regions import DEFAULT_BUFFER_DEG
 
     if args.tiles and (args.year or args.quarter):
         raise InputDataError("give either --tiles or --year/--quarter, not both")
@@ -140,12 +140,12 @@ def _run_fit(args: argparse.Namespace) -> int:
 
     import pandas as pd
 
-    from geodbk.dataset import SpatialDataset
+    from geodbk.dataset.spatial_dataset import SpatialDataset
     from geodbk.errors import InputDataError
-    from geodbk.geomodel import MIN_WAVELENGTH_M, fit_dataset, map_model_config
-    from geodbk.metrics import format_metrics_table, metrics_table, save_metrics
+    from geodbk.fit.geomodel import MIN_WAVELENGTH_M, fit_dataset, map_model_config
+    from geodbk.fit.metrics import format_metrics_table, metrics_table, save_metrics
     from geodbk.models import available_models
-    from geodbk.train import TrainConfig
+    from geodbk.models.config import run_preset
     from geodbk.workflow import RunFolder, evaluate_on_test
 
     kinds = [k.strip() for k in args.models.split(",") if k.strip()]
@@ -162,18 +162,17 @@ def _run_fit(args: argparse.Namespace) -> int:
         raise InputDataError(f"--encoding-scales must be >= 0, got {args.encoding_scales}")
     if args.min_wavelength is not None and not args.min_wavelength > 0:
         raise InputDataError(f"--min-wavelength must be positive metres, got {args.min_wavelength}")
-    size = {"hidden": 256, "rank": 1024} if args.paper_size else {}
-    size.update({k: getattr(args, k) for k in ("hidden", "rank") if getattr(args, k) is not None})
-    if args.encoding_scales is not None:
-        size["encoding_scales"] = args.encoding_scales
-    if args.no_test_noise:
-        size["test_noise"] = False
-    model_config = map_model_config(args.protocol, dtype=args.dtype, **size)
-    given = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr") if getattr(args, k) is not None}
-    schedule = TrainConfig.paper if args.paper_size else TrainConfig.cpu
-    train_config = schedule(
-        **given, patience=args.patience, seed=args.seed, device=args.device, progress=not args.no_progress
+    preset = run_preset("paper" if args.paper_size else "cpu")
+    size, train_config = preset.configs(
+        hidden=args.hidden, rank=args.rank, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        patience=args.patience, seed=args.seed, device=args.device, progress=not args.no_progress,
     )
+    overrides: dict[str, Any] = {"hidden": size.hidden, "rank": size.rank}
+    if args.encoding_scales is not None:
+        overrides["encoding_scales"] = args.encoding_scales
+    if args.no_test_noise:
+        overrides["test_noise"] = False
+    model_config = map_model_config(args.protocol, dtype=args.dtype, **overrides)
     dataset = SpatialDataset.load(args.dataset)
     if args.split is not None:
         dataset = dataset.with_split(args.split, seed=args.seed, block_m=1000.0 * args.block_km)
@@ -259,7 +258,7 @@ def _add_map_options(p: argparse.ArgumentParser) -> None:
 def _parse_change(text: str | None) -> tuple[str, str] | None:
     """``"2022Q4:2023Q4"`` -> ``("2022Q4", "2023Q4")`` (checked), or None."""
     from geodbk.errors import InputDataError
-    from geodbk.inputs import parse_time
+    from geodbk.dataset.inputs import parse_time
 
     if text is None:
         return None
@@ -273,7 +272,7 @@ def _parse_change(text: str | None) -> tuple[str, str] | None:
 
 
 def _threshold(args: argparse.Namespace) -> float | str | None:
-    from geodbk.thresholds import DEFAULT
+    from geodbk.maps.thresholds import DEFAULT
 
     return None if args.no_threshold else (DEFAULT if args.threshold is None else args.threshold)
 
@@ -281,12 +280,14 @@ def _threshold(args: argparse.Namespace) -> float | str | None:
 def _run_predict(args: argparse.Namespace) -> int:
     import time
 
-    from geodbk.dataset import SpatialDataset
+    from geodbk.dataset.spatial_dataset import SpatialDataset
     from geodbk.errors import InputDataError
-    from geodbk.geomodel import GeoModel
-    from geodbk.grids import RegularGrid, parse_refs, predict_grid, reference_points
-    from geodbk.inputs import parse_time
-    from geodbk.regions import load_region
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.maps.geometry import RegularGrid
+    from geodbk.maps.predict import predict_grid
+    from geodbk.maps.reference import parse_refs, reference_points
+    from geodbk.dataset.inputs import parse_time
+    from geodbk.ingest.regions import load_region
 
     if not args.out.endswith((".nc", ".zarr")):
         raise InputDataError(f"--out must end in .nc or .zarr, got {args.out}")
@@ -369,8 +370,9 @@ def _run_export(args: argparse.Namespace) -> int:
     if args.test_tiles and not (args.model and args.dataset):
         raise InputDataError("--test-tiles needs --model and --dataset")
     if args.grid:
-        from geodbk.export import GEOTIFF_NODATA, write_geotiff, write_netcdf, write_zarr
-        from geodbk.grids import open_grid
+        from geodbk.io.cubes import write_netcdf, write_zarr
+        from geodbk.io.geotiff import GEOTIFF_NODATA, write_geotiff
+        from geodbk.maps.stores import open_grid
 
         ds = open_grid(args.grid)
         if args.geotiff:
@@ -383,9 +385,9 @@ def _run_export(args: argparse.Namespace) -> int:
             print(f"wrote {write_zarr(ds, args.zarr)}")
         ds.close()
     if args.test_tiles:
-        from geodbk.dataset import SpatialDataset
-        from geodbk.export import write_tile_predictions
-        from geodbk.geomodel import GeoModel
+        from geodbk.dataset.spatial_dataset import SpatialDataset
+        from geodbk.io.vectors import write_tile_predictions
+        from geodbk.fit.geomodel import GeoModel
 
         model = GeoModel.load(args.model)
         dataset = SpatialDataset.load(args.dataset)
@@ -428,10 +430,10 @@ def _run_summarize(args: argparse.Namespace) -> int:
     import time
 
     from geodbk.errors import InputDataError
-    from geodbk.geomodel import GeoModel
-    from geodbk.inputs import parse_time
-    from geodbk.regions import load_region, read_polygons
-    from geodbk.summaries import (
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.dataset.inputs import parse_time
+    from geodbk.ingest.regions import load_region, read_polygons
+    from geodbk.maps.summaries import (
         DEFAULT_RESOLUTION,
         SUMMARY_FORMATS,
         polygons_in_region,

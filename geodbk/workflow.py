@@ -4,7 +4,7 @@
 fits each requested model kind, prints the urban/rural metrics table and writes the run
 folder that the dashboard reads (layout in :class:`RunFolder` and docs/architecture.md).
 The defaults are sized to finish in a few minutes on 2 CPU cores (h = 64, r = 128 and the
-CPU schedule :meth:`geodbk.train.TrainConfig.cpu` of ``geodbk fit``); ``paper_size=True``
+CPU preset :data:`geodbk.models.config.CPU` of ``geodbk fit``); ``paper_size=True``
 switches to the paper's h = 256, r = 1024 and 400 epochs at lr 1e-3 (a GPU job). Explicit
 ``epochs`` / ``lr`` win over either schedule.
 """
@@ -19,16 +19,19 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from geodbk.dataset import SpatialDataset, load_sample_dataset
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError
-from geodbk.export import write_geotiff, write_tile_predictions
-from geodbk.geomodel import GeoModel, fit_dataset, map_model_config
-from geodbk.grids import RegularGrid, predict_grid, reference_points
-from geodbk.inputs import parse_quarter_label
-from geodbk.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
+from geodbk.io.geotiff import write_geotiff
+from geodbk.io.vectors import write_tile_predictions
+from geodbk.fit.geomodel import GeoModel, fit_dataset, map_model_config
+from geodbk.maps.geometry import RegularGrid
+from geodbk.maps.predict import predict_grid
+from geodbk.maps.reference import reference_points
+from geodbk.dataset.inputs import parse_quarter_label
+from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
 from geodbk.models.config import ModelConfig
-from geodbk.thresholds import DEFAULT
-from geodbk.train import TrainConfig
+from geodbk.maps.thresholds import DEFAULT
+from geodbk.models.config import RunPreset, TrainConfig, run_preset
 
 #: Model kinds the demo fits by default: the headline DBK, the SVGP baseline on the same deep
 #: features and the k-nearest-tiles baseline every GP row has to beat (sv-rbf and the rest
@@ -55,11 +58,11 @@ class RunFolder:
         return self.root / "metrics.json"
 
     def model(self, kind: str) -> Path:
-        """``<run>/models/<kind>.pt``: a saved :class:`geodbk.geomodel.GeoModel`."""
+        """``<run>/models/<kind>.pt``: a saved :class:`geodbk.fit.geomodel.GeoModel`."""
         return self.root / "models" / f"{kind}.pt"
 
     def map_netcdf(self, kind: str) -> Path:
-        """``<run>/maps/<kind>.nc``: the grid dataset of :func:`geodbk.grids.predict_grid`."""
+        """``<run>/maps/<kind>.nc``: the grid dataset of :func:`geodbk.maps.predict.predict_grid`."""
         return self.root / "maps" / f"{kind}.nc"
 
     def map_geotiff(self, kind: str) -> Path:
@@ -81,14 +84,14 @@ class DemoConfig:
         quarters: quarters like ``"2023Q4"``; ``None`` = all of 2019Q1-2023Q4.
         models: model kinds to fit (names of the model zoo).
         protocol: ``"space-time"`` (default) or the paper's ``"paper"`` (see
-            :mod:`geodbk.inputs`).
-        split: ``"random"``, ``"spatial-block"`` or ``"forecast"`` (see :mod:`geodbk.splits`).
+            :mod:`geodbk.dataset.inputs`).
+        split: ``"random"``, ``"spatial-block"`` or ``"forecast"`` (see :mod:`geodbk.dataset.splits`).
         map_quarter: map only this quarter (2-D layers); default every fitted quarter along a
             CF ``time`` dimension (the dashboard's quarter slider).
         change: ``(from, to)`` quarters of the change layers (GP kinds); default the year to
             the latest fitted quarter (or the first fitted quarter, if that is later).
         threshold: speed benchmark of the ``p_below`` layer in data units; default the
-            FCC's for the service and target (:mod:`geodbk.thresholds`).
+            FCC's for the service and target (:mod:`geodbk.maps.thresholds`).
         max_distance: leave map cells farther than this many metres from a training tile empty.
         epochs: training epochs per model; ``None`` = the schedule's (CPU or paper).
         lr: AdamW learning rate; ``None`` = the schedule's.
@@ -119,17 +122,20 @@ class DemoConfig:
     device: str = "auto"
     progress: bool = True
 
+    def preset(self) -> RunPreset:
+        """The size and schedule preset: ``paper`` with ``paper_size``, else ``cpu``."""
+        return run_preset("paper" if self.paper_size else "cpu")
+
     def model_config(self) -> ModelConfig:
-        config = map_model_config(self.protocol)
-        if self.paper_size:
-            paper = ModelConfig.paper_size()
-            config = replace(config, hidden=paper.hidden, rank=paper.rank)
-        return config
+        size, _ = self.preset().configs()
+        return replace(map_model_config(self.protocol), hidden=size.hidden, rank=size.rank)
 
     def train_config(self) -> TrainConfig:
-        settings = {"seed": self.seed, "device": self.device, "progress": self.progress}
-        settings.update({k: v for k, v in (("epochs", self.epochs), ("lr", self.lr)) if v is not None})
-        return TrainConfig.paper(**settings) if self.paper_size else TrainConfig.cpu(**settings)
+        """The preset's schedule; explicit ``epochs`` and ``lr`` win."""
+        _, train = self.preset().configs(
+            epochs=self.epochs, lr=self.lr, seed=self.seed, device=self.device, progress=self.progress
+        )
+        return train
 
 
 @dataclass
@@ -146,7 +152,7 @@ class DemoResult:
 
 
 def evaluate_on_test(model: GeoModel, dataset: SpatialDataset, split: str = "test") -> pd.DataFrame:
-    """:func:`geodbk.metrics.evaluate` of ``model`` on a split of the dataset, by urban/rural.
+    """:func:`geodbk.fit.metrics.evaluate` of ``model`` on a split of the dataset, by urban/rural.
 
     Each tile is scored at its own quarter against the distribution of a new measurement
     with its own number of tests.

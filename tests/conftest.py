@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from geodbk import paths
-from geodbk.dataset import SpatialDataset, build_dataset
-from geodbk.ookla import read_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset
+from geodbk.ingest.ookla import read_tiles
 
 
 @pytest.fixture(scope="session")

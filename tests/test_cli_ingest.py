@@ -4,7 +4,7 @@ import pandas as pd
 
 from geodbk import paths
 from geodbk.cli import main
-from geodbk.dataset import SpatialDataset
+from geodbk.dataset.spatial_dataset import SpatialDataset
 
 
 def test_ingest_default_sample_writes_the_dataset(tmp_path, capsys, pr_dataset):

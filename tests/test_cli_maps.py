@@ -8,8 +8,8 @@ import pytest
 import rasterio
 
 from geodbk.cli import build_parser, main
-from geodbk.geomodel import GeoModel
-from geodbk.grids import open_grid
+from geodbk.fit.geomodel import GeoModel
+from geodbk.maps.stores import open_grid
 from geodbk.workflow import DEMO_MODELS, DemoConfig
 
 

@@ -1,4 +1,4 @@
-"""geodbk.coords: the state-box transform and the data-centred equal-area projection."""
+"""geodbk.dataset.coords: the state-box transform and the data-centred equal-area projection."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pyproj
 import pytest
 
-from geodbk.coords import CoordinateTransform, ProjectedTransform, transform_from_dict
+from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, transform_from_dict
 from geodbk.errors import InputDataError
 
 ANCHORAGE = (-149.9, 61.2)

@@ -475,7 +475,7 @@ def test_click_on_map_updates_kernel_slice(server, page_and_log):
 def test_downloads_are_the_selected_models_map_and_the_shown_tiles(server, page_and_log, run_folder, tmp_path):
     import rasterio
 
-    from geodbk.dataset import SpatialDataset
+    from geodbk.dataset.spatial_dataset import SpatialDataset
 
     page, log = page_and_log
     open_dashboard(page, server)
@@ -584,7 +584,7 @@ def test_every_layer_renders_and_the_knn_grid_offers_no_change_layers(server, pa
 
 
 def test_click_on_map_shows_the_time_series_there(server, page_and_log, run_folder):
-    from geodbk.dataset import SpatialDataset
+    from geodbk.dataset.spatial_dataset import SpatialDataset
 
     page, log = page_and_log
     open_dashboard(page, server)
@@ -626,9 +626,9 @@ def test_click_on_map_shows_the_time_series_there(server, page_and_log, run_fold
 
 
 def test_polygon_summary_table_follows_the_model_and_quarter(polygon_server, page_and_log, run_folder, polygon_file):
-    from geodbk.geomodel import GeoModel
-    from geodbk.regions import read_polygons
-    from geodbk.summaries import summarize_polygons
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.ingest.regions import read_polygons
+    from geodbk.maps.summaries import summarize_polygons
 
     page, log = page_and_log
     open_dashboard(page, polygon_server)
@@ -640,7 +640,7 @@ def test_polygon_summary_table_follows_the_model_and_quarter(polygon_server, pag
     for column in ("NAME", "median_mbps", "lower_mbps", "upper_mbps", "share_below", "cells", "observed_tiles"):
         assert column in table, column
     assert "San Juan box" in table and "Ponce box" in table and "Far away" not in table
-    # the numbers are geodbk.summaries.summarize_polygons' for that model and quarter
+    # the numbers are geodbk.maps.summaries.summarize_polygons' for that model and quarter
     model = GeoModel.load(run_folder / "models" / f"{KINDS[0]}.pt")
     boxes = read_polygons(polygon_file)
     expected = summarize_polygons(model, boxes[boxes["NAME"] != "Far away"], time=QUARTER)

@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from geodbk.dataset import (
+from geodbk.dataset.spatial_dataset import (
     CoordinateTransform,
     SpatialDataset,
     build_dataset,
@@ -16,8 +16,8 @@ from geodbk.dataset import (
     parse_quarters,
 )
 from geodbk.errors import InputDataError, RegionError
-from geodbk.quadkey import quadkey_centres
-from geodbk.splits import random_split
+from geodbk.ingest.quadkey import quadkey_centres
+from geodbk.dataset.splits import random_split
 
 
 def test_coordinate_transform_maps_the_box_to_the_unit_square():

@@ -10,16 +10,13 @@ import shapely
 from scipy.stats import norm
 
 from geodbk.errors import InputDataError
-from geodbk.export import (
-    GEOTIFF_NODATA,
-    tile_predictions,
-    write_geotiff,
-    write_netcdf,
-    write_tile_predictions,
-    write_zarr,
-)
-from geodbk.grids import RegularGrid, open_grid, predict_grid
-from geodbk.prediction import Z95, Prediction
+from geodbk.io.cubes import write_netcdf, write_zarr
+from geodbk.io.geotiff import GEOTIFF_NODATA, write_geotiff
+from geodbk.io.vectors import tile_predictions, write_tile_predictions
+from geodbk.maps.geometry import RegularGrid
+from geodbk.maps.predict import predict_grid
+from geodbk.maps.stores import open_grid
+from geodbk.fit.prediction import Z95, Prediction
 
 REGION = shapely.Point(-66.5, 18.2).buffer(0.3)
 
@@ -136,7 +133,7 @@ def test_netcdf_and_zarr_round_trip(tmp_path, grid_ds, fmt: str) -> None:
 
 @pytest.fixture(scope="module")
 def sample_dataset():
-    from geodbk.dataset import load_sample_dataset
+    from geodbk.dataset.spatial_dataset import load_sample_dataset
 
     return load_sample_dataset("PR", quarters=["2023Q4"])
 

@@ -10,17 +10,12 @@ import pytest
 import shapely
 
 from geodbk.errors import InputDataError
-from geodbk.grids import (
-    RegularGrid,
-    open_grid,
-    parse_refs,
-    parse_resolution,
-    predict_grid,
-    predict_region,
-    reference_points,
-)
+from geodbk.maps.geometry import RegularGrid, parse_resolution
+from geodbk.maps.predict import predict_grid, predict_region
+from geodbk.maps.reference import parse_refs, reference_points
+from geodbk.maps.stores import open_grid
 
-from geodbk.prediction import Z95
+from geodbk.fit.prediction import Z95
 
 PR_BBOX = (-67.3, 17.9, -65.6, 18.55)
 
@@ -243,7 +238,7 @@ def test_reference_points_urban_rural_wildland() -> None:
 
 
 def test_puerto_rico_region_mask_and_sample_refs() -> None:
-    from geodbk.dataset import load_sample_dataset
+    from geodbk.dataset.spatial_dataset import load_sample_dataset
 
     dataset = load_sample_dataset("PR", quarters=["2023Q4"])
     grid = RegularGrid.over(dataset.region, 0.02)

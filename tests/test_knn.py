@@ -10,7 +10,7 @@ import torch
 
 from geodbk.models import ModelConfig, get_model_spec
 from geodbk.models.knn import K_GRID, NearestTilesModel, fit_nearest_tiles
-from geodbk.train import TrainConfig
+from geodbk.models.config import TrainConfig
 
 SLOPE = 0.8
 

@@ -23,7 +23,7 @@ from geodbk.models import (
     unregister_model,
 )
 from geodbk.models.objectives import PPGP
-from geodbk.regressor import build_model
+from geodbk.fit.regressor import build_model
 
 
 def test_dbk_rbf_features_reproduce_the_nystrom_kernel():
@@ -173,16 +173,17 @@ def test_only_the_non_gp_baselines_have_no_kernel():
 
 
 def test_geomodel_prior_variance_matches_its_kernel_slice(tmp_path):
-    from geodbk.coords import CoordinateTransform
-    from geodbk.geomodel import GeoModel
-    from geodbk.inputs import InputSpace
-    from geodbk.train import TrainConfig, fit_arrays
+    from geodbk.dataset.coords import CoordinateTransform
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.dataset.inputs import InputSpace
+    from geodbk.fit.train import fit_arrays
+    from geodbk.models.config import TrainConfig
 
     rng = np.random.default_rng(0)
     X = rng.uniform(-1, 1, (200, 2))
     y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(200)
     reg = fit_arrays("dbk-rbf", X, y, X[:50], y[:50], model_config=ModelConfig(hidden=8, rank=8),
-                     train_config=TrainConfig(epochs=2, progress=False))
+                     train_config=TrainConfig(lr=1e-3, epochs=2, progress=False))
     model = GeoModel(reg, InputSpace(CoordinateTransform(-67.0, 17.9, -65.2, 18.5), None, "paper"))
     lonlat = np.column_stack([rng.uniform(-67.0, -65.2, 30), rng.uniform(17.9, 18.5, 30)])
     np.testing.assert_allclose(model.prior_variance(lonlat), np.diag(model.kernel_slice(lonlat, lonlat)), rtol=1e-5)

@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geodbk.dataset import load_sample_dataset
+from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import InputDataError
-from geodbk.geomodel import GeoModel, fit_dataset, map_model_config
-from geodbk.inputs import InputSpace, quarter_years
-from geodbk.train import TrainConfig
+from geodbk.fit.geomodel import GeoModel, fit_dataset, map_model_config
+from geodbk.dataset.inputs import InputSpace, quarter_years
+from geodbk.models.config import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def small_dataset():
 def geomodel(small_dataset):
     """The GP alone (the local residual field on top is tested in test_residuals.py)."""
     return fit_dataset(small_dataset, "dbk-rbf", model_config=map_model_config("space-time", hidden=16, rank=16),
-                       train_config=TrainConfig(epochs=2, batch_size=256, progress=False), local_residuals=False)
+                       train_config=TrainConfig(lr=1e-3, epochs=2, batch_size=256, progress=False), local_residuals=False)
 
 
 def test_fit_dataset_uses_the_train_split_and_records_meta(small_dataset, geomodel):
@@ -123,7 +123,7 @@ def test_failed_save_leaves_the_previous_file_intact(tmp_path, geomodel, monkeyp
             fh.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr("geodbk.regressor.torch.save", broken_save)
+    monkeypatch.setattr("geodbk.fit.regressor.torch.save", broken_save)
     with pytest.raises(OSError, match="disk full"):
         geomodel.save(path)
     assert path.read_bytes() == before

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from geodbk.errors import InputDataError
-from geodbk.metrics import (
+from geodbk.fit.metrics import (
     coverage95,
     crps_gaussian,
     evaluate,
@@ -19,7 +19,7 @@ from geodbk.metrics import (
     pi_width,
     save_metrics,
 )
-from geodbk.prediction import Prediction
+from geodbk.fit.prediction import Prediction
 
 
 def test_prediction_interval_properties():

@@ -17,7 +17,7 @@ from geodbk.models import (
     get_model_spec,
     woodbury_log_marginal,
 )
-from geodbk.train import TrainConfig
+from geodbk.models.config import TrainConfig
 
 N_TOTAL = 500  # the notional training-set size n in the KL weights
 

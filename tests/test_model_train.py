@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from geodbk.errors import InputDataError
-from geodbk.metrics import coverage95, gaussian_nll
+from geodbk.fit.metrics import coverage95, gaussian_nll
 from geodbk.models import ModelConfig
-from geodbk.regressor import Regressor, resolve_device
-from geodbk.train import TrainConfig, fit_arrays
+from geodbk.fit.regressor import Regressor, resolve_device
+from geodbk.fit.train import fit_arrays
+from geodbk.models.config import TrainConfig
 
 SMALL = ModelConfig(hidden=16, rank=8)
 
@@ -40,9 +41,9 @@ def test_dppgp_is_calibrated_where_exact_mml_collapses():
     Xt, yt, sd_true = _heteroskedastic(1000, rng)
     cfg = ModelConfig(hidden=32, rank=16)
     dppgp = fit_arrays("dbk-silu", X, y, Xv, yv, model_config=cfg,
-                       train_config=TrainConfig(epochs=60, batch_size=128, patience=None, progress=False))
+                       train_config=TrainConfig(lr=1e-3, epochs=60, batch_size=128, patience=None, progress=False))
     exact = fit_arrays("exact-dbk", X, y, Xv, yv, model_config=cfg,
-                       train_config=TrainConfig(epochs=300, patience=None, progress=False))
+                       train_config=TrainConfig(lr=1e-3, epochs=300, patience=None, progress=False))
     p_dppgp, p_exact = dppgp.predict(Xt), exact.predict(Xt)
 
     assert gaussian_nll(yt, p_dppgp) < gaussian_nll(yt, p_exact) - 1.0
@@ -65,7 +66,7 @@ def test_returned_weights_are_the_best_validation_epoch(toy):
 
 def test_targets_are_reported_in_original_units(toy):
     X, y, Xv, yv = toy
-    tc = TrainConfig(epochs=2, batch_size=64, progress=False)
+    tc = TrainConfig(lr=1e-3, epochs=2, batch_size=64, progress=False)
     a, b = 100.0, 5.0
     base = fit_arrays("dbk-silu", X, y, Xv, yv, model_config=SMALL, train_config=tc)
     scaled = fit_arrays("dbk-silu", X, a * y + b, Xv, a * yv + b, model_config=SMALL, train_config=tc)
@@ -80,7 +81,7 @@ def test_targets_are_reported_in_original_units(toy):
 def test_save_load_round_trip_gives_identical_predictions(toy, tmp_path):
     X, y, Xv, yv = toy
     reg = fit_arrays("sv-dkl", X, y, Xv, yv, model_config=SMALL,
-                     train_config=TrainConfig(epochs=2, batch_size=64, progress=False))
+                     train_config=TrainConfig(lr=1e-3, epochs=2, batch_size=64, progress=False))
     path = tmp_path / "m" / "sv-dkl.pt"
     reg.save(path)
     for device in ("cpu", "auto"):
@@ -99,31 +100,31 @@ def test_save_load_round_trip_gives_identical_predictions(toy, tmp_path):
 def test_resume_continues_from_saved_epoch_and_optimizer_state(toy, tmp_path):
     X, y, Xv, yv = toy
     common = dict(batch_size=64, patience=None, progress=False, seed=3)
-    straight = fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL, train_config=TrainConfig(epochs=4, **common))
+    straight = fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL, train_config=TrainConfig(lr=1e-3, epochs=4, **common))
     ckpt = tmp_path / "ckpt.pt"
     first = fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL,
-                       train_config=TrainConfig(epochs=2, checkpoint_path=str(ckpt), **common))
+                       train_config=TrainConfig(lr=1e-3, epochs=2, checkpoint_path=str(ckpt), **common))
     saved = torch.load(ckpt, weights_only=False)
     assert saved["state"]["epoch"] == 2
     steps = math.ceil(len(X) / 64) * 2
     assert all(int(s["step"]) == steps for s in saved["optimizer_state"]["state"].values())
     assert len(first.history) == 2
     resumed = fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL,
-                         train_config=TrainConfig(epochs=4, **common), resume=ckpt)
+                         train_config=TrainConfig(lr=1e-3, epochs=4, **common), resume=ckpt)
     assert [h["epoch"] for h in resumed.history] == [1, 2, 3, 4]
     assert resumed.history == straight.history
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
     with pytest.raises(InputDataError, match="different model"):
         fit_arrays("dbk-silu", X, y, Xv, yv, model_config=SMALL,
-                   train_config=TrainConfig(epochs=4, resume_from=str(ckpt), **common))
+                   train_config=TrainConfig(lr=1e-3, epochs=4, resume_from=str(ckpt), **common))
 
 
 def test_float64_option_and_every_kind_trains(toy):
     X, y, Xv, yv = toy
     for kind in ("dbk-silu", "exact-dbk", "sv-rbf", "pp-dkl", "vbll", "dnn"):
         reg = fit_arrays(kind, X, y, Xv, yv, model_config=ModelConfig(hidden=8, rank=4, dtype="float64"),
-                         train_config=TrainConfig(epochs=2, batch_size=128, progress=False))
+                         train_config=TrainConfig(lr=1e-3, epochs=2, batch_size=128, progress=False))
         assert all(p.dtype == torch.float64 for p in reg.model.parameters()), kind
         pred = reg.predict(Xv)
         assert np.isfinite(pred.mean).all() and (pred.sd > 0).all(), kind
@@ -132,7 +133,7 @@ def test_float64_option_and_every_kind_trains(toy):
 def test_dnn_noise_is_the_training_mse(toy):
     X, y, Xv, yv = toy
     reg = fit_arrays("dnn", X, y, Xv, yv, model_config=SMALL,
-                     train_config=TrainConfig(epochs=3, batch_size=64, patience=None, progress=False))
+                     train_config=TrainConfig(lr=1e-3, epochs=3, batch_size=64, patience=None, progress=False))
     mse = np.mean((reg.predict(X).mean - y) ** 2)
     assert float(reg.predict(X[:1]).sd[0]) ** 2 == pytest.approx(mse, rel=1e-4)
     with pytest.raises(TypeError, match="no kernel"):
@@ -141,7 +142,7 @@ def test_dnn_noise_is_the_training_mse(toy):
 
 def test_bad_inputs_raise_clear_errors(toy):
     X, y, Xv, yv = toy
-    tc = TrainConfig(epochs=1, progress=False)
+    tc = TrainConfig(lr=1e-3, epochs=1, progress=False)
     with pytest.raises(InputDataError, match="values"):
         fit_arrays("dbk-rbf", X, y[:-1], Xv, yv, train_config=tc)
     bad = y.copy()
@@ -160,7 +161,7 @@ def test_bad_inputs_raise_clear_errors(toy):
 
 def test_resume_from_a_missing_or_corrupt_checkpoint_is_a_clear_error(toy, tmp_path):
     X, y, Xv, yv = toy
-    cfg = TrainConfig(epochs=1, progress=False)
+    cfg = TrainConfig(lr=1e-3, epochs=1, progress=False)
     with pytest.raises(InputDataError, match="no model file"):
         fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL, train_config=cfg, resume=tmp_path / "absent.pt")
     bad = tmp_path / "bad.pt"
@@ -173,7 +174,7 @@ def test_resume_from_a_missing_or_corrupt_checkpoint_is_a_clear_error(toy, tmp_p
 def test_cuda_fit_predicts_like_its_cpu_reload(toy, tmp_path):
     X, y, Xv, yv = toy
     reg = fit_arrays("dbk-rbf", X, y, Xv, yv, model_config=SMALL,
-                     train_config=TrainConfig(epochs=2, progress=False, device="cuda"))
+                     train_config=TrainConfig(lr=1e-3, epochs=2, progress=False, device="cuda"))
     assert next(reg.model.parameters()).is_cuda
     reg.save(tmp_path / "gpu.pt")
     cpu = Regressor.load(tmp_path / "gpu.pt", device="cpu")

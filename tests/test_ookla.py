@@ -18,8 +18,8 @@ import shapely
 
 from geodbk import paths
 from geodbk.errors import DownloadError, InputDataError
-from geodbk.ookla import TILE_COLUMNS, fetch, ookla_url, parse_quarter, parse_service, read_tiles
-from geodbk.quadkey import quadkey_bounds
+from geodbk.ingest.ookla import TILE_COLUMNS, fetch, ookla_url, parse_quarter, parse_service, read_tiles
+from geodbk.ingest.quadkey import quadkey_bounds
 
 OOKLA_RAW_COLUMNS = ["quadkey", "tile", "avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices"]
 

@@ -7,7 +7,7 @@ import shapely
 
 from geodbk import paths
 from geodbk.errors import InputDataError
-from geodbk.quadkey import (
+from geodbk.ingest.quadkey import (
     lonlat_to_quadkey,
     quadkey_bounds,
     quadkey_centres,

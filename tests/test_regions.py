@@ -6,8 +6,8 @@ import pytest
 import shapely
 
 from geodbk.errors import InputDataError, RegionError
-from geodbk.quadkey import quadkey_centres
-from geodbk.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, inside_region, load_region
+from geodbk.ingest.quadkey import quadkey_centres
+from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, inside_region, load_region
 
 
 @pytest.mark.parametrize("spec", ["PR", "pr", "Puerto Rico", "puerto rico", "72", 72])

@@ -21,8 +21,9 @@ from geodbk.models.related import (
     mercer_eigenpairs,
 )
 from geodbk.models.related.zoo import build_dfgp, build_dmgp, build_svdbk, build_valla
-from geodbk.regressor import Regressor, build_model
-from geodbk.train import TrainConfig, fit_arrays
+from geodbk.fit.regressor import Regressor, build_model
+from geodbk.fit.train import fit_arrays
+from geodbk.models.config import TrainConfig
 
 RELATED = ["svdbk", "svdbk-c", "dfgp", "dmgp", "dcsvgp", "dcppgp", "valla"]
 
@@ -310,7 +311,7 @@ def test_related_models_save_and_load(tmp_path):
     rng = np.random.default_rng(2)
     (X, y), (Xv, yv) = _toy(120, rng), _toy(40, rng)
     torch.set_default_dtype(torch.float32)
-    tcfg = TrainConfig(epochs=5, batch_size=64, progress=False, device="cpu")
+    tcfg = TrainConfig(lr=1e-3, epochs=5, batch_size=64, progress=False, device="cpu")
     for kind in ("svdbk", "valla", "dmgp"):
         mcfg = ModelConfig(hidden=16, rank=8, options={"num_inducing": 8})
         fitted = fit_arrays(kind, X, y, Xv, yv, model_config=mcfg, train_config=tcfg)

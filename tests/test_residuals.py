@@ -1,4 +1,4 @@
-"""The local residual field (geodbk.residuals) against dense Gaussian conditioning done by hand.
+"""The local residual field (geodbk.fit.residuals) against dense Gaussian conditioning done by hand.
 
 Training rows sit at real zoom-16 tile centres near San Juan, Puerto Rico; the reference
 kernel is written out here from the formula in the module docstring, with "same tile"
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from geodbk.coords import ProjectedTransform
-from geodbk.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres
-from geodbk.residuals import LocalKernel, ResidualField, tile_centres
+from geodbk.dataset.coords import ProjectedTransform
+from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres
+from geodbk.fit.residuals import LocalKernel, ResidualField, tile_centres
 
 SAN_JUAN = (-66.06, 18.45)
 KERNEL = LocalKernel(
@@ -285,7 +285,7 @@ def train_then_test_rows(dataset):
 @pytest.fixture(scope="module")
 def pr_two_quarters():
     """A random slice of the shipped PR sample, 2023Q3 + 2023Q4: ~1,550 train, ~130 val and test rows."""
-    from geodbk.dataset import load_sample_dataset
+    from geodbk.dataset.spatial_dataset import load_sample_dataset
 
     ds = load_sample_dataset("PR", quarters="2023Q3,2023Q4")
     u = np.random.default_rng(0).random(len(ds))
@@ -297,12 +297,12 @@ def pr_two_quarters():
 
 @pytest.fixture(scope="module")
 def fitted(pr_two_quarters):
-    from geodbk.geomodel import fit_dataset, map_model_config
-    from geodbk.train import TrainConfig
+    from geodbk.fit.geomodel import fit_dataset, map_model_config
+    from geodbk.models.config import TrainConfig
 
     def fit(kind="dbk-rbf", **kw):
         return fit_dataset(pr_two_quarters, kind, model_config=map_model_config(hidden=16, rank=16),
-                           train_config=TrainConfig(epochs=2, batch_size=256, progress=False), **kw)
+                           train_config=TrainConfig(lr=1e-3, epochs=2, batch_size=256, progress=False), **kw)
 
     return fit
 
@@ -313,7 +313,7 @@ def pr_model(fitted):
 
 
 def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters, pr_model):
-    from geodbk.inputs import quarter_years
+    from geodbk.dataset.inputs import quarter_years
 
     field = pr_model.residuals
     assert isinstance(field, ResidualField) and pr_model.meta["local_residuals"] is True
@@ -329,7 +329,7 @@ def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters
 
 
 def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
-    from geodbk.inputs import quarter_years
+    from geodbk.dataset.inputs import quarter_years
 
     field, s = pr_model.residuals, pr_model.residuals.kernel.variance_scale
     rows = train_then_test_rows(pr_two_quarters)
@@ -362,7 +362,7 @@ def test_no_field_without_local_residuals_or_a_kernel(pr_two_quarters, fitted):
 
 
 def test_geomodel_save_load_keeps_the_field(pr_two_quarters, pr_model, tmp_path):
-    from geodbk.geomodel import GeoModel
+    from geodbk.fit.geomodel import GeoModel
 
     pr_model.save(tmp_path / "model.pt")
     back = GeoModel.load(tmp_path / "model.pt")

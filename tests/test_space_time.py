@@ -19,16 +19,18 @@ from scipy.optimize import minimize
 from torch.distributions import MultivariateNormal
 
 from geodbk.cli import main
-from geodbk.dataset import SpatialDataset, build_dataset
+from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset
 from geodbk.errors import ExtrapolationWarning
-from geodbk.geomodel import GeoModel, fit_dataset
-from geodbk.grids import RegularGrid, predict_grid
-from geodbk.inputs import InputSpace
+from geodbk.fit.geomodel import GeoModel, fit_dataset
+from geodbk.maps.geometry import RegularGrid
+from geodbk.maps.predict import predict_grid
+from geodbk.dataset.inputs import InputSpace
 from geodbk.models import ModelConfig
 from geodbk.models.objectives import exact_posterior, woodbury_log_marginal
-from geodbk.quadkey import lonlat_to_quadkey, quadkey_centres
-from geodbk.regions import load_region
-from geodbk.train import TrainConfig, fit_arrays
+from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_centres
+from geodbk.ingest.regions import load_region
+from geodbk.fit.train import fit_arrays
+from geodbk.models.config import TrainConfig
 
 SAN_JUAN = (-66.06, 18.42)
 HONOLULU = (-157.86, 21.31)

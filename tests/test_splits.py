@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from geodbk.errors import InputDataError
-from geodbk.splits import (
+from geodbk.dataset.splits import (
     DEFAULT_BLOCK_M,
     SPLIT_PROTOCOLS,
     assign_split,

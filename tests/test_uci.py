@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from geodbk.errors import InputDataError
-from geodbk.uci import SHIPPED_UCI_DIR, UCIDataset, available_uci, load_uci
+from geodbk.ingest.uci import SHIPPED_UCI_DIR, UCIDataset, available_uci, load_uci
 
 
 def test_shipped_sets_are_listed():

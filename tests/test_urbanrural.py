@@ -6,8 +6,8 @@ import pytest
 import shapely
 
 from geodbk.errors import InputDataError
-from geodbk.quadkey import quadkey_centres
-from geodbk.urbanrural import ROUTE_URBAN_AREAS, county_urban_share, tag_urban_rural
+from geodbk.ingest.quadkey import quadkey_centres
+from geodbk.ingest.urbanrural import ROUTE_URBAN_AREAS, county_urban_share, tag_urban_rural
 
 SAN_JUAN_AREA = ["72127", "72061", "72021", "72031", "72033"]  # San Juan, Guaynabo, Bayamón, Carolina, Cataño
 
@@ -72,7 +72,7 @@ def test_nearest_county_for_an_offshore_tile():
     import pandas as pd
 
     # A tile 2 km off Culebra (0% urban) and one off San Juan's coast.
-    from geodbk.quadkey import lonlat_to_quadkey
+    from geodbk.ingest.quadkey import lonlat_to_quadkey
 
     qk = lonlat_to_quadkey(np.array([-65.25, -66.07]), np.array([18.36, 18.49]))
     tiles = pd.DataFrame({"quadkey": qk})

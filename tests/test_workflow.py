@@ -8,11 +8,13 @@ import pandas as pd
 import pytest
 import rasterio
 
-from geodbk.dataset import SpatialDataset
+from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import InputDataError
-from geodbk.export import GEOTIFF_NODATA
-from geodbk.geomodel import GeoModel
-from geodbk.grids import RegularGrid, open_grid, predict_grid
+from geodbk.io.geotiff import GEOTIFF_NODATA
+from geodbk.fit.geomodel import GeoModel
+from geodbk.maps.geometry import RegularGrid
+from geodbk.maps.predict import predict_grid
+from geodbk.maps.stores import open_grid
 from geodbk.workflow import DemoConfig, RunFolder, run_demo
 
 #: two GP kinds and the kernel-free knn baseline (closed form, fast), as in the demo's defaults

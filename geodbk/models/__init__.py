@@ -2,7 +2,7 @@
 
 from geodbk.models.backbone import IdentityBackbone, ResidualBlock, ResNetBackbone
 from geodbk.models.basis_gp import BasisGP, BasisMap, GPOutput, Noise, PointNetwork, PosteriorFactors
-from geodbk.models.config import ModelConfig
+from geodbk.models.config import PRESETS, ModelConfig, RunPreset, TrainConfig, run_preset
 from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion, jittered_cholesky
 from geodbk.models.objectives import (
     DPPGP,
@@ -20,10 +20,10 @@ from geodbk.models.zoo import ModelSpec, available_models, get_model_spec, regis
 
 __all__ = [
     "BasisGP", "BasisMap", "DPPGP", "ExactMarginalLikelihood", "GPOutput", "IdentityBackbone",
-    "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PointNetwork", "PosteriorFactors",
-    "RBFInducingExpansion", "ResNetBackbone", "ResidualBlock", "SVGPELBO", "SiLUExpansion",
+    "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PRESETS", "PointNetwork", "PosteriorFactors",
+    "RBFInducingExpansion", "ResNetBackbone", "ResidualBlock", "RunPreset", "SVGPELBO", "SiLUExpansion", "TrainConfig",
     "VBLLELBO", "available_models", "exact_posterior", "gaussian_nll", "get_model_spec",
-    "jittered_cholesky", "register_model", "unregister_model", "woodbury_log_marginal",
+    "jittered_cholesky", "register_model", "run_preset", "unregister_model", "woodbury_log_marginal",
 ]
 
 # The knn baseline and the related models from the literature register their zoo names on import.

@@ -33,7 +33,7 @@ from geodbk.models.objectives import gaussian_nll
 from geodbk.models.zoo import ModelSpec, register_model
 
 if TYPE_CHECKING:
-    from geodbk.train import TrainConfig
+    from geodbk.models.config import TrainConfig
 
 #: Candidate neighbour counts, tried in this order; clipped to n - 1 training rows.
 K_GRID: tuple[int, ...] = (5, 10, 20, 40, 80, 160)

@@ -51,10 +51,11 @@ class ModelSpec:
             ``None`` for kinds fitted in closed form by ``fit``.
         description: one line for listings.
         full_batch: the objective needs the whole training set per step (exact MML).
-        prepare: optional ``(model, X, y, X_val, y_val, model_config, train_config) -> None``
-            run once on the freshly built model, with the standardised training and
-            validation tensors, before the optimiser is made (not when resuming); e.g.
-            VaLLA fits and freezes its mean network here.
+        prepare: optional ``(model, X, y, X_val, y_val, model_config, train_config, *, fit)
+            -> None`` run once on the freshly built model, with the standardised training
+            and validation tensors, before the optimiser is made (not when resuming); ``fit``
+            is the trainer's ``fit_arrays``, so a kind that needs another kind fitted first
+            (VaLLA fits and freezes its mean network here) does not import the trainer.
         fit: optional ``(X, y, X_val, y_val, model_config, train_config) -> nn.Module`` on
             the standardised tensors: a closed-form fit that replaces the gradient loop.
     """

@@ -22,13 +22,13 @@ Learnable: Z, L (init I), sigma_0 and sigma^2. The network is fitted first by
 :func:`prepare_valla` (the ``dnn`` kind's MSE training, with its own early stopping) and is
 frozen; Z starts at a random subset of the training inputs (the paper uses k-means);
 sigma^2 starts at the network's fitted noise. Early stopping on validation NLL, as the
-paper requires, comes from :func:`geodbk.train.fit_arrays`.
+paper requires, comes from :func:`geodbk.fit.train.fit_arrays`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -155,20 +155,22 @@ def prepare_valla(
     y_val: torch.Tensor,
     model_config: ModelConfig,
     train_config: Any,
+    *,
+    fit: Callable[..., Any],
 ) -> None:
     """Fit the mean network by MSE (the ``dnn`` kind) and initialise Z and sigma^2.
 
     ``X``, ``y`` (and the validation pair) are the standardised training tensors. The
     network takes ``model_config.options["dnn_epochs"]`` epochs (default: the train
-    config's epochs) with the same optimiser settings and early stopping.
+    config's epochs) with the same optimiser settings and early stopping. ``fit`` is the
+    trainer's ``fit_arrays`` (the trainer passes it in, so the model layer never imports the
+    trainer); it must return an object whose ``model`` is the fitted ``dnn`` network.
     """
     from dataclasses import replace
 
-    from geodbk.train import fit_arrays
-
     epochs = int(model_config.options.get("dnn_epochs", train_config.epochs))
     dnn_config = replace(model_config, options={})
-    dnn = fit_arrays(
+    dnn = fit(
         "dnn",
         X.detach().cpu().double().numpy(),
         y.detach().cpu().double().numpy(),

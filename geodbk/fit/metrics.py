@@ -1,6 +1,6 @@
 """Point and probabilistic accuracy of Gaussian predictions, overall and by urban/rural.
 
-All functions take targets ``y`` (n,) and a :class:`~geodbk.regressor.Prediction` in the
+All functions take targets ``y`` (n,) and a :class:`~geodbk.fit.regressor.Prediction` in the
 same units and return means over points. 95% intervals use z = 1.959964.
 """
 
@@ -16,7 +16,7 @@ import pandas as pd
 from scipy.special import erf
 
 from geodbk.errors import InputDataError
-from geodbk.prediction import Z95, Prediction
+from geodbk.fit.prediction import Z95, Prediction
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
 GROUPS = ("overall", "urban", "rural")

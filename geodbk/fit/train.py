@@ -1,6 +1,6 @@
-"""Training loop: :class:`TrainConfig`, :func:`fit_arrays` and resumable checkpoints.
+"""Training loop: :func:`fit_arrays` and resumable checkpoints (settings: :class:`~geodbk.models.config.TrainConfig`).
 
-Targets are standardised inside (the :class:`~geodbk.regressor.Regressor` keeps the
+Targets are standardised inside (the :class:`~geodbk.fit.regressor.Regressor` keeps the
 scaling); validation NLL is computed every epoch and the weights with the best
 validation NLL are kept. NLL in original units is NLL_std + log(y_std).
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from geodbk.errors import InputDataError
-from geodbk.models.config import ModelConfig
+from geodbk.models.config import ModelConfig, TrainConfig
 from geodbk.models.objectives import Objective, gaussian_nll
 from geodbk.models.zoo import get_model_spec
-from geodbk.regressor import (
+from geodbk.fit.regressor import (
     Regressor,
     as_inputs,
     as_test_counts,
@@ -31,66 +30,6 @@ from geodbk.regressor import (
     resolve_device,
     write_payload,
 )
-
-
-#: Epochs, learning rate and batch size of :meth:`TrainConfig.cpu`.
-CPU_SCHEDULE: dict[str, Any] = {"epochs": 40, "lr": 1e-2, "batch_size": 1024}
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation settings.
-
-    Attributes:
-        epochs: maximum passes over the training data (full-batch kinds: gradient steps).
-        batch_size: mini-batch size b (1024).
-        lr: AdamW learning rate (1e-3).
-        weight_decay: AdamW weight decay on the backbone only (1e-2).
-        alpha: dPPGP trace-regulariser weight (0.1).
-        beta: dPPGP / PPGP KL weight (0.01).
-        patience: stop after this many epochs without a better validation NLL; ``None``
-            never stops early.
-        seed: seeds the initial weights and the batch order.
-        device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ...
-        progress: show a tqdm bar with the loss and validation NLL.
-        checkpoint_path: if set, write a resumable checkpoint there after every epoch.
-        resume_from: a checkpoint to continue from (same kind and configs).
-        full_batch_max: row cap per step for full-batch objectives; above it each step
-            uses a fresh random subset of this size.
-        eval_batch_size: rows per batch when computing validation predictions.
-    """
-
-    epochs: int = 100
-    batch_size: int = 1024
-    lr: float = 1e-3
-    weight_decay: float = 1e-2
-    alpha: float = 0.1
-    beta: float = 0.01
-    patience: int | None = 50
-    seed: int = 0
-    device: str = "auto"
-    progress: bool = True
-    checkpoint_path: str | None = None
-    resume_from: str | None = None
-    full_batch_max: int = 100_000
-    eval_batch_size: int = 65536
-
-    @classmethod
-    def paper(cls, **overrides: Any) -> "TrainConfig":
-        """The paper's spatial-task schedule: 400 epochs at lr 1e-3 (a GPU job)."""
-        return cls(**{"epochs": 400, "lr": 1e-3, **overrides})
-
-    @classmethod
-    def cpu(cls, **overrides: Any) -> "TrainConfig":
-        """The CPU schedule of ``geodbk fit``, the demo and the benchmarks: :data:`CPU_SCHEDULE`.
-
-        Chosen on PR validation data within the demo's budget (5 minutes on 2 cores): 30
-        epochs left dbk-rbf improving at its last epoch, and at 45 epochs batch 1024 / lr 1e-2
-        beat batch 2048 / lr 2e-2 (validation NLL 0.508 vs 0.598)."""
-        return cls(**{**CPU_SCHEDULE, **overrides})
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _targets(y: Any, n: int, name: str) -> np.ndarray:
@@ -150,7 +89,7 @@ def fit_arrays(
 
     Args:
         kind: a registered name (:func:`geodbk.models.available_models`).
-        X: (n, d) training inputs (geodbk datasets: see :class:`geodbk.inputs.InputSpace`).
+        X: (n, d) training inputs (geodbk datasets: see :class:`geodbk.dataset.inputs.InputSpace`).
         y: (n,) training targets in original units.
         X_val, y_val: validation inputs and targets for early stopping / checkpointing.
         tests, tests_val: (n,) and (n_val,) speed tests behind each row, >= 1; required
@@ -221,7 +160,7 @@ def fit_arrays(
 
     model = build_model(kind, d, mcfg).to(device)
     if spec.prepare is not None and resume is None:
-        spec.prepare(model, Xt, yt, Xv, yv, mcfg, tcfg)
+        spec.prepare(model, Xt, yt, Xv, yv, mcfg, tcfg, fit=fit_arrays)
     objective = spec.objective(tcfg)
     optimizer = make_optimizer(model, tcfg)
     generator = torch.Generator().manual_seed(tcfg.seed)

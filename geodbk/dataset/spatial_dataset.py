@@ -2,9 +2,9 @@
 
 ``build_dataset`` runs the ingest chain (read tiles -> select service and quarters -> clip
 to the region -> choose the target -> tag urban/rural -> split 8:1:1 by a protocol of
-:mod:`geodbk.splits`) and returns a :class:`SpatialDataset`, which saves to and loads from
+:mod:`geodbk.dataset.splits`) and returns a :class:`SpatialDataset`, which saves to and loads from
 one GeoParquet file with all of its metadata in the file's key-value metadata (key
-``geodbk``). What a model sees of a row is decided by :class:`geodbk.inputs.InputSpace`.
+``geodbk``). What a model sees of a row is decided by :class:`geodbk.dataset.inputs.InputSpace`.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import pyarrow.parquet as pq
 import shapely
 
 from geodbk import paths
-from geodbk.coords import CoordinateTransform, ProjectedTransform
+from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path
-from geodbk.ookla import SERVICES, as_tiles, read_tiles
-from geodbk.quadkey import quadkey_centres
-from geodbk.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
-from geodbk.inputs import parse_quarter_label
-from geodbk.splits import DEFAULT_BLOCK_M, assign_split
-from geodbk.urbanrural import tag_urban_rural
+from geodbk.ingest.ookla import SERVICES, as_tiles, read_tiles
+from geodbk.ingest.quadkey import quadkey_centres
+from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
+from geodbk.dataset.inputs import parse_quarter_label
+from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
+from geodbk.ingest.urbanrural import tag_urban_rural
 
 #: target name -> (source column, divisor to the unit, unit)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -61,7 +61,7 @@ class SpatialDataset:
         dropped: rows dropped on the way, by reason.
         seed: seed of the train/val/test assignment.
         buffer_deg: region buffer used when clipping, degrees.
-        split_protocol: how rows were split (:data:`geodbk.splits.SPLIT_PROTOCOLS`).
+        split_protocol: how rows were split (:data:`geodbk.dataset.splits.SPLIT_PROTOCOLS`).
         block_m: block side of the ``spatial-block`` protocol, metres.
     """
 
@@ -111,7 +111,7 @@ class SpatialDataset:
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``X`` (n, 2) region-box inputs ``x1, x2`` (the paper protocol), ``y`` (n,) log10
         target, ``urban_rural`` (n,) str. Map models build their inputs with
-        :class:`geodbk.inputs.InputSpace` instead."""
+        :class:`geodbk.dataset.inputs.InputSpace` instead."""
         rows = self.subset(split)
         X = rows[["x1", "x2"]].to_numpy(dtype=np.float64)
         y = rows["y"].to_numpy(dtype=np.float64)
@@ -272,7 +272,7 @@ def build_dataset(
     """Build a :class:`SpatialDataset` from Ookla tiles.
 
     Args:
-        tiles: normalised tiles (:func:`geodbk.ookla.read_tiles`) or what it reads.
+        tiles: normalised tiles (:func:`geodbk.ingest.ookla.read_tiles`) or what it reads.
         region: state name / USPS / FIPS, polygon file, or :class:`Region`.
         target: ``"download"`` (Mbps), ``"upload"`` (Mbps) or ``"latency"`` (ms).
         quarters: keep only these, e.g. ``"2023Q1,2023Q4"``; ``None`` keeps all.

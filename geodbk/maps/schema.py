@@ -14,7 +14,7 @@ Per quarter, dims ``(y, x)``, or ``(time, y, x)`` when several quarters are mapp
 ``lower_<u>``             10 ** (mean - 1.959964 sd)
 ``upper_<u>``             10 ** (mean + 1.959964 sd)
 ``p_below``               P(tile-mean value < threshold) (when there is a threshold;
-                          defaults in :mod:`geodbk.thresholds`)
+                          defaults in :mod:`geodbk.maps.thresholds`)
 ========================  =======================================================
 
 Between two quarters (``change``), dims ``(y, x)``; GP models only:
@@ -36,17 +36,49 @@ Several quarters give a CF ``time`` coordinate (the first day of each quarter, w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
+import pyproj
+import rioxarray  # noqa: F401  (registers the .rio accessor)
+import xarray as xr
 
 from geodbk.errors import InputDataError
-from geodbk.inputs import parse_quarter_label, parse_time
-from geodbk.prediction import Z95, probability_below, to_data_units
-from geodbk.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
+from geodbk.dataset.inputs import parse_quarter_label, parse_time
+from geodbk.fit.prediction import Z95, probability_below, to_data_units
+from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from geodbk.maps.geometry import RegularGrid
 
 Dims = tuple[str, ...]
+
+
+class SpatialPredictor(Protocol):
+    """What grid prediction needs from a fitted model (:class:`geodbk.fit.geomodel.GeoModel` is one).
+
+    ``predict`` takes ``(n, 2)`` lon/lat in degrees and a quarter (``"2023Q4"``, or None for
+    the model's default) and returns an object with ``mean`` and ``sd`` arrays of shape
+    ``(n,)`` in target units (log10 of Mbps or ms); ``predict_series`` returns one such
+    object per quarter of a sequence (what grids call). ``kernel_slice`` returns the ``(n, k)``
+    prior kernel between the points and ``k`` reference points, in target units squared;
+    it is only called when ``has_kernel`` is true, as is ``predict_change`` (a
+    :class:`~geodbk.fit.prediction.ChangePrediction`, for change layers only). ``distance_to_data`` gives metres to the
+    nearest training tile (needed for ``max_distance`` only).
+    """
+
+    has_kernel: bool
+
+    def predict(self, lonlat: np.ndarray, time: str | None = None) -> Any: ...
+
+    def predict_series(self, lonlat: np.ndarray, times: Sequence[str | None]) -> list[Any]: ...
+
+    def predict_change(self, lonlat: np.ndarray, time_from: str, time_to: str) -> Any: ...
+
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray: ...
+
+    def distance_to_data(self, lonlat: np.ndarray) -> np.ndarray: ...
 
 
 def model_meta(model: Any) -> dict[str, Any]:
@@ -94,7 +126,7 @@ class GridLayers:
         change: tuple[str, str] | Sequence[str] | None = None,
         refs: Mapping[str, tuple[float, float]] | None = None,
     ) -> "GridLayers":
-        """Resolve the grid's contents for ``model`` (see :func:`geodbk.grids.predict_grid`)."""
+        """Resolve the grid's contents for ``model`` (see :func:`geodbk.maps.predict.predict_grid`)."""
         meta = model_meta(model)
         has_kernel = bool(getattr(model, "has_kernel", True))
         latest = getattr(model, "latest_quarter", None)
@@ -246,4 +278,76 @@ def _check_quarter(quarter: str) -> None:
     parse_time(quarter)
 
 
-__all__ = ["GridLayers", "model_meta", "quarter_start"]
+# --- the result dataset ------------------------------------------------------------------
+def _coordinate_attrs(crs: pyproj.CRS) -> tuple[dict[str, str], dict[str, str]]:
+    if crs.is_geographic:
+        return (
+            {"standard_name": "longitude", "long_name": "longitude of cell centre", "units": "degrees_east", "axis": "X"},
+            {"standard_name": "latitude", "long_name": "latitude of cell centre", "units": "degrees_north", "axis": "Y"},
+        )
+    unit = crs.axis_info[0].unit_name if crs.axis_info else "metre"
+    units = "m" if unit in ("metre", "meter") else unit
+    return (
+        {"standard_name": "projection_x_coordinate", "long_name": "x of cell centre", "units": units, "axis": "X"},
+        {"standard_name": "projection_y_coordinate", "long_name": "y of cell centre", "units": units, "axis": "Y"},
+    )
+
+
+def grid_template(
+    grid: RegularGrid,
+    model: SpatialPredictor,
+    layers: GridLayers,
+    *,
+    lazy: bool,
+    chunk_rows: int,
+    max_distance: float | None,
+) -> xr.Dataset:
+    """The empty result dataset (NaN) with coordinates, CF attributes and the CRS."""
+    import dask.array as da
+
+    meta = model_meta(model)
+    sizes = layers.sizes()
+
+    def empty(dims: tuple[str, ...]) -> Any:
+        lead = tuple(sizes[d] for d in dims[:-2])
+        if lazy:
+            return da.full((*lead, *grid.shape), np.nan, dtype=np.float32, chunks=(*lead, chunk_rows, grid.width))
+        return np.full((*lead, *grid.shape), np.nan, dtype=np.float32)
+
+    data_vars = {name: (dims, empty(dims), attrs) for name, (dims, attrs) in layers.variables().items()}
+    x_attrs, y_attrs = _coordinate_attrs(grid.crs)
+    coords: dict[str, Any] = {"x": ("x", grid.x, x_attrs), "y": ("y", grid.y, y_attrs), **layers.coords()}
+    ds = xr.Dataset(data_vars, coords=coords)
+    for name in ("time", "time_bounds"):  # one CF time encoding for the coordinate and its bounds
+        if name in ds.coords:
+            ds[name].encoding.update(units="days since 1970-01-01", calendar="proleptic_gregorian", dtype="int64")
+    ds.attrs = {
+        "title": f"geodbk predictive map of log10 {layers.target} ({layers.units})",
+        "Conventions": "CF-1.8",
+        "source": f"geodbk model {meta.get('kind', type(model).__name__)}",
+        "target": layers.target,
+        "units": layers.units,
+        "region": grid.region_name,
+        "resolution": grid.resolution,
+        "prediction_interval": "95% (mean +/- 1.959964 sd) of the tile-mean speed",
+        "nodata": "NaN outside the region"
+        + ("" if max_distance is None else f" or farther than {max_distance:g} m from a training tile"),
+    }
+    if layers.stacked:
+        ds.attrs["quarters"] = ",".join(map(str, layers.quarters))
+    elif layers.quarters[0] is not None:  # a time-free model maps all of its fitted quarters pooled
+        ds.attrs["quarter"] = layers.quarters[0]
+    if layers.threshold is not None:
+        ds.attrs["threshold"] = layers.threshold
+    if layers.change is not None:
+        ds.attrs["change"] = ":".join(layers.change)
+    for key in ("kind", "quarters"):
+        if key in meta:
+            ds.attrs[f"model_{key}"] = str(meta[key])
+    # inplace: rioxarray's default is a deep copy, which would double the preallocated arrays
+    ds.rio.write_crs(grid.crs, inplace=True)
+    ds.rio.write_transform(grid.transform, inplace=True)
+    return ds.rio.write_coordinate_system(inplace=True)
+
+
+__all__ = ["GridLayers", "SpatialPredictor", "grid_template", "model_meta", "quarter_start"]

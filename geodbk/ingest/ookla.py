@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from geodbk import paths
 from geodbk.errors import DownloadError, InputDataError
 from geodbk.fileio import atomic_path
-from geodbk.quadkey import quadkey_polygons, quadkey_to_tile
+from geodbk.ingest.quadkey import quadkey_polygons, quadkey_to_tile
 
 #: Public https root of Ookla's open-data S3 bucket (``s3://ookla-open-data``).
 OOKLA_BUCKET_URL = "https://ookla-open-data.s3.amazonaws.com"

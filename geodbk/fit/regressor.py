@@ -22,7 +22,7 @@ from geodbk.fileio import atomic_path
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import ard_rbf
 from geodbk.models.zoo import get_model_spec
-from geodbk.prediction import Prediction
+from geodbk.fit.prediction import Prediction
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -246,7 +246,7 @@ class Regressor:
     def to_payload(self) -> dict[str, Any]:
         """Everything needed to rebuild the regressor, as a torch-saveable dict."""
         return {
-            "format": "geodbk.regressor/1",
+            "format": "geodbk.fit.regressor/1",
             "kind": self.kind,
             "model_config": self.model_config.to_dict(),
             "input_dim": self.input_dim,
@@ -261,7 +261,7 @@ class Regressor:
     @classmethod
     def from_payload(cls, payload: dict[str, Any], device: str | torch.device = "cpu") -> "Regressor":
         """Rebuild from :meth:`to_payload` output on ``device`` ("auto" allowed)."""
-        if payload.get("format") != "geodbk.regressor/1":
+        if payload.get("format") != "geodbk.fit.regressor/1":
             raise InputDataError("not a geodbk regressor file (missing format tag)")
         config = ModelConfig.from_dict(payload["model_config"])
         model = build_model(payload["kind"], payload["input_dim"], config)

@@ -13,7 +13,7 @@ reports, per polygon and quarter:
 ``lower_<u>``          10 ** (mean_log10 - 1.959964 sd_log10), ``upper_<u>`` likewise
 ``share_below``        expected share of the area whose tile-mean value is below the
                        threshold (mean of the cells' P(value < threshold))
-``threshold``          that threshold in data units (defaults in :mod:`geodbk.thresholds`)
+``threshold``          that threshold in data units (defaults in :mod:`geodbk.maps.thresholds`)
 ``observed_tiles``     training tiles of the model inside the polygon
 =====================  ==================================================================
 
@@ -33,10 +33,10 @@ import shapely
 
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fileio import atomic_path
-from geodbk.grids import RegularGrid
-from geodbk.layers import model_meta
-from geodbk.prediction import probability_below, to_data_units
-from geodbk.thresholds import DEFAULT, resolve_threshold
+from geodbk.maps.geometry import RegularGrid
+from geodbk.maps.schema import model_meta
+from geodbk.fit.prediction import probability_below, to_data_units
+from geodbk.maps.thresholds import DEFAULT, resolve_threshold
 
 #: Cell side of the summary grid when none is given: 0.005 degrees, about one zoom-16 tile.
 DEFAULT_RESOLUTION = 0.005
@@ -83,7 +83,7 @@ def summarize_polygons(
     resolution: float | str = DEFAULT_RESOLUTION,
     threshold: float | str | None = DEFAULT,
 ) -> gpd.GeoDataFrame:
-    """Summarise a fitted :class:`~geodbk.geomodel.GeoModel` (a GP kind) over each polygon.
+    """Summarise a fitted :class:`~geodbk.fit.geomodel.GeoModel` (a GP kind) over each polygon.
 
     Args:
         model: the fitted model.

@@ -154,7 +154,7 @@ def clip_to_region(
     """Keep the tiles whose centre lies inside ``region`` (grown by ``buffer_deg`` degrees).
 
     Args:
-        tiles: normalised tiles (see :func:`geodbk.ookla.read_tiles`), with a ``quadkey``
+        tiles: normalised tiles (see :func:`geodbk.ingest.ookla.read_tiles`), with a ``quadkey``
             column.
 
     Returns:
@@ -163,7 +163,7 @@ def clip_to_region(
     Raises:
         RegionError: no tile is inside the region.
     """
-    from geodbk.quadkey import quadkey_centres
+    from geodbk.ingest.quadkey import quadkey_centres
 
     codes, uniques = pd.factorize(tiles["quadkey"])
     keep_unique = inside_region(quadkey_centres(np.asarray(uniques, dtype=object)), region, buffer_deg=buffer_deg)

@@ -5,11 +5,11 @@ Two protocols:
 ``space-time`` (default)
     X = (u, v, t): u, v are the tile centre in a Lambert azimuthal equal-area projection
     centred on the data and scaled by the data's own extent
-    (:class:`geodbk.coords.ProjectedTransform`); t is time in decimal years, scaled so that
+    (:class:`geodbk.dataset.coords.ProjectedTransform`); t is time in decimal years, scaled so that
     the fitted quarters span [-1, 1]. One model gives the map of any fitted quarter.
 ``paper``
     X = (x1, x2): lon/lat scaled by the region's bounding box
-    (:class:`geodbk.coords.CoordinateTransform`) and no time, as in the DBK paper. Kept
+    (:class:`geodbk.dataset.coords.CoordinateTransform`) and no time, as in the DBK paper. Kept
     as the replication protocol.
 
 The input space is stored in the model file, so a saved model predicts in the same
@@ -24,7 +24,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from geodbk.coords import CoordinateTransform, ProjectedTransform, transform_from_dict
+from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, transform_from_dict
 from geodbk.errors import InputDataError
 
 PROTOCOLS = ("space-time", "paper")

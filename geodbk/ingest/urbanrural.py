@@ -28,9 +28,9 @@ import shapely
 
 from geodbk import paths
 from geodbk.errors import InputDataError
-from geodbk.ookla import fetch, is_url
-from geodbk.quadkey import quadkey_centres
-from geodbk.regions import read_polygons
+from geodbk.ingest.ookla import fetch, is_url
+from geodbk.ingest.quadkey import quadkey_centres
+from geodbk.ingest.regions import read_polygons
 
 URBAN, RURAL = "urban", "rural"
 #: Route labels stored in datasets.

@@ -1,8 +1,8 @@
 """A fitted model in geographic terms: :class:`GeoModel` = Regressor + InputSpace (+ ResidualField).
 
 Inputs are lon/lat in degrees (EPSG:4326) and, for space-time models, a quarter; the
-:class:`~geodbk.inputs.InputSpace` maps them to what the regressor was fitted on. Space-time
-GP kinds add tile-scale detail from a :class:`~geodbk.residuals.ResidualField` (a local
+:class:`~geodbk.dataset.inputs.InputSpace` maps them to what the regressor was fitted on. Space-time
+GP kinds add tile-scale detail from a :class:`~geodbk.fit.residuals.ResidualField` (a local
 kernel conditioned on their training residuals). Outputs are in the target's log10 units.
 Asking about places or quarters outside the fitted domain warns with an
 :class:`~geodbk.errors.ExtrapolationWarning`.
@@ -19,15 +19,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geodbk.coords import CoordinateTransform, ProjectedTransform
-from geodbk.dataset import SpatialDataset
+from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
+from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.inputs import InputSpace, TimeLike, parse_time, quarter_years
+from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time, quarter_years
 from geodbk.models.config import ModelConfig
-from geodbk.prediction import ChangePrediction, Prediction
-from geodbk.regressor import Regressor, read_payload, write_payload
-from geodbk.residuals import ResidualField
-from geodbk.train import TrainConfig, fit_arrays
+from geodbk.fit.prediction import ChangePrediction, Prediction
+from geodbk.fit.regressor import Regressor, read_payload, write_payload
+from geodbk.fit.residuals import ResidualField
+from geodbk.fit.train import fit_arrays
+from geodbk.models.config import TrainConfig
 
 #: Positional-encoding wavelengths of the space-time protocol: the shortest, metres, and how
 #: many. On PR validation data (30 epochs) 1000 m / 8 scales, 500 m / 8 and 300 m / 10 scored
@@ -41,7 +42,7 @@ ENCODING_SCALES = 8
 #: validation 0.498.
 MAP_NOISE_INIT = 0.3
 
-_FORMAT = "geodbk.geomodel/2"
+_FORMAT = "geodbk.fit.geomodel/2"
 
 
 def map_model_config(protocol: str = "space-time", **overrides: Any) -> ModelConfig:
@@ -115,7 +116,7 @@ class GeoModel:
         """Predictive distribution of log10(value) at ``lonlat`` (n, 2) degrees and ``time``.
 
         ``sd`` is the tile-mean distribution; ``tests`` (n,) adds ``measurement_sd`` for new
-        measurements of that many tests (see :class:`~geodbk.prediction.Prediction`).
+        measurements of that many tests (see :class:`~geodbk.fit.prediction.Prediction`).
         """
         lonlat = _lonlat(lonlat, "lonlat")
         prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
@@ -157,7 +158,7 @@ class GeoModel:
 
         Var = s ||L^T (phi(x, t_to) - phi(x, t_from))||^2 (+ the residual covariance of
         inducing-point kinds) + the local residual field's joint variance of the change
-        (:meth:`~geodbk.residuals.ResidualField.change_variance`). The tile-quarter noise
+        (:meth:`~geodbk.fit.residuals.ResidualField.change_variance`). The tile-quarter noise
         sigma0^2 is not part of the latent surface, so it is not in the change.
         """
         self._require_kernel()
@@ -203,7 +204,7 @@ class GeoModel:
         The variance is exact for the GP: ``s (||L^T sum_i w_i phi_i||^2 + sigma0^2 sum_i w_i^2)``
         for a basis GP (each cell's tile-quarter noise is independent), with the Nystrom
         residual of inducing-point kinds added pairwise. The local residual field adds
-        :meth:`~geodbk.residuals.ResidualField.area_variance`. A group without points gets NaN.
+        :meth:`~geodbk.fit.residuals.ResidualField.area_variance`. A group without points gets NaN.
         """
         self._require_kernel()
         lonlat = _lonlat(lonlat, "lonlat")
@@ -284,7 +285,7 @@ class GeoModel:
         """Read a file written by :meth:`save` (or a first-format, time-free model file)."""
         payload = read_payload(path, device)
         kind = payload.get("format")
-        if kind == "geodbk.geomodel/1":
+        if kind == "geodbk.fit.geomodel/1":
             inputs = InputSpace(CoordinateTransform.from_dict(payload["transform"]), None, "paper")
         elif kind == _FORMAT:
             inputs = InputSpace.from_dict(payload["inputs"])
@@ -322,7 +323,7 @@ def fit_dataset(
         min_wavelength_m: shortest positional-encoding wavelength in metres (space-time
             protocol with an encoding); converted to the data's input units.
         local_residuals: for GP kinds under the space-time protocol, add a
-            :class:`~geodbk.residuals.ResidualField` fitted to the training residuals, with
+            :class:`~geodbk.fit.residuals.ResidualField` fitted to the training residuals, with
             its hyperparameters chosen on the validation rows.
     """
     inputs = InputSpace.for_dataset(dataset, protocol)

@@ -34,8 +34,8 @@ import torch
 from scipy.optimize import minimize
 from scipy.spatial import cKDTree
 
-from geodbk.coords import ProjectedTransform
-from geodbk.quadkey import OOKLA_ZOOM, lonlat_to_tile, tile_bounds
+from geodbk.dataset.coords import ProjectedTransform
+from geodbk.ingest.quadkey import OOKLA_ZOOM, lonlat_to_tile, tile_bounds
 
 #: Training rows each prediction is conditioned on.
 NEIGHBOURS = 16

@@ -1,0 +1,4 @@
+"""Ingest: Ookla open-data tiles (quadkeys, schema, download and cache), regions, Census urban/rural areas and the UCI benchmark sets.
+
+Nothing here knows about datasets, models or maps.
+"""

@@ -1,0 +1,2 @@
+"""Export: GeoTIFF/COG, NetCDF and Zarr of finished grids, and vector files of tile predictions.
+"""

@@ -1,0 +1,75 @@
+"""Held-out tiles with a model's predictions (log10 and data units) as GeoJSON or GeoParquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import geopandas as gpd
+import numpy as np
+
+from geodbk.errors import InputDataError
+from geodbk.fit.prediction import Z95, to_data_units
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from geodbk.dataset.spatial_dataset import SpatialDataset
+    from geodbk.fit.geomodel import GeoModel
+
+
+def tile_predictions(model: "GeoModel", dataset: "SpatialDataset", *, split: str = "test") -> gpd.GeoDataFrame:
+    """The tiles of one split of ``dataset`` with ``model``'s predictions, one row per (tile, quarter).
+
+    Each row is predicted at its own quarter, as a new measurement with its own number of
+    tests (:meth:`geodbk.fit.geomodel.GeoModel.predict_tiles`), the distribution its observed
+    value is scored against.
+
+    Columns: ``quadkey, year, quarter, tests, urban_rural, lon, lat`` (tile centre, degrees),
+    the observation ``y`` (log10) and ``observed_<u>`` (data units, e.g. ``observed_mbps``),
+    the prediction ``mean, sd, lower, upper, pi_width`` (log10) and ``mean_<u>, lower_<u>,
+    upper_<u>`` (10 ** the log10 value), ``inside_pi`` (observation inside the 95% interval),
+    and ``geometry`` (tile polygon, EPSG:4326).
+    """
+    frame = dataset.frame
+    if "split" not in frame.columns:
+        raise InputDataError("dataset frame has no 'split' column")
+    tiles = frame[frame["split"] == split]
+    if len(tiles) == 0:
+        raise InputDataError(f"dataset has no tiles in split {split!r}")
+    pred = model.predict_tiles(tiles).measurement()
+    mean = np.asarray(pred.mean, dtype=np.float64)
+    sd = np.asarray(pred.sd, dtype=np.float64)
+    key = str(getattr(dataset, "units", "Mbps")).lower()
+    y = tiles["y"].to_numpy(np.float64)
+    lower, upper = mean - Z95 * sd, mean + Z95 * sd
+    keep = [c for c in ("quadkey", "year", "quarter", "tests", "urban_rural", "lon", "lat") if c in tiles.columns]
+    out = tiles[keep].copy()
+    out["y"] = y
+    out[f"observed_{key}"] = tiles["value"].to_numpy(np.float64)
+    out["mean"] = mean
+    out["sd"] = sd
+    out["lower"] = lower
+    out["upper"] = upper
+    out["pi_width"] = upper - lower
+    out[f"mean_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd)
+    out["inside_pi"] = (y >= lower) & (y <= upper)
+    return gpd.GeoDataFrame(out.reset_index(drop=True), geometry=tiles.geometry.to_numpy(), crs=tiles.crs or "EPSG:4326")
+
+
+def write_tile_predictions(
+    model: "GeoModel", dataset: "SpatialDataset", path: str | Path, *, split: str = "test"
+) -> Path:
+    """Write :func:`tile_predictions` to ``*.geojson`` (GeoJSON) or ``*.parquet`` (GeoParquet)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".geojson", ".json", ".parquet", ".geoparquet"):
+        raise InputDataError(f"test tiles go to .geojson or .parquet, got {path.name}")
+    frame = tile_predictions(model, dataset, split=split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix in (".geojson", ".json"):
+        frame.to_file(path, driver="GeoJSON", engine="pyogrio")
+    else:
+        frame.to_parquet(path)
+    return path
+
+
+__all__ = ["tile_predictions", "write_tile_predictions"]
