@@ -75,7 +75,7 @@ from geodbk.errors import GeodbkError
 from geodbk.io.vectors import tile_predictions
 from geodbk.fit.geomodel import GeoModel
 from geodbk.maps.stores import open_grid
-from geodbk.fit.prediction import Z95, to_data_units
+from geodbk.prediction import Z95, to_data_units
 from geodbk.ingest.regions import read_polygons
 from geodbk.maps.summaries import polygons_in_region, summarize_polygons
 from geodbk.workflow import RunFolder

@@ -24,7 +24,7 @@ import shapely
 import xarray as xr
 from bokeh.models import CustomJSHover
 
-from geodbk.fit.prediction import Z95, to_data_units
+from geodbk.prediction import Z95, to_data_units
 
 #: Observed tiles within this distance of a clicked point are drawn on its time series.
 NEAR_KM = 1.0

@@ -26,7 +26,7 @@ from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.geomodel import GeoModel
 from geodbk.dataset.inputs import parse_quarter_label
 from geodbk.paths import COUNTY_BOUNDARIES
-from geodbk.fit.prediction import Z95
+from geodbk.prediction import Z95
 from geodbk.ingest.regions import load_region, read_polygons
 
 

@@ -1,7 +1,7 @@
 """geodbk: calibrated, non-stationary maps of mobile internet quality.
 
-Data flows one way, and the subpackages show it: ingest -> dataset -> models -> fit -> maps
--> io -> apps (the CLI, the demo workflow and the dashboard); see docs/architecture.md. The names below
+Data flows one way, and the subpackages show it: ingest -> dataset -> models -> maps
+(the gridding engine) -> fit (trainer, GeoModel) -> io -> apps (the CLI, the demo workflow and the dashboard); see docs/architecture.md. The names below
 are the public API; they are imported lazily so that ``geodbk --help`` and light uses
 do not pay for torch, geopandas and xarray at import time.
 
@@ -38,9 +38,9 @@ _EXPORTS = {
     "TrainConfig": "geodbk.models",
     "run_preset": "geodbk.models",
     "fit_arrays": "geodbk.fit.train",
-    "Prediction": "geodbk.fit.prediction",
-    "ChangePrediction": "geodbk.fit.prediction",
-    "to_data_units": "geodbk.fit.prediction",
+    "Prediction": "geodbk.prediction",
+    "ChangePrediction": "geodbk.prediction",
+    "to_data_units": "geodbk.prediction",
     "Regressor": "geodbk.fit.regressor",
     "GeoModel": "geodbk.fit.geomodel",
     "fit_dataset": "geodbk.fit.geomodel",

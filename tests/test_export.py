@@ -16,7 +16,7 @@ from geodbk.io.vectors import tile_predictions, write_tile_predictions
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.stores import open_grid
-from geodbk.fit.prediction import Z95, Prediction
+from geodbk.prediction import Z95, Prediction
 
 REGION = shapely.Point(-66.5, 18.2).buffer(0.3)
 

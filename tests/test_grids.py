@@ -15,7 +15,7 @@ from geodbk.maps.predict import predict_grid, predict_region
 from geodbk.maps.reference import parse_refs, reference_points
 from geodbk.maps.stores import open_grid
 
-from geodbk.fit.prediction import Z95
+from geodbk.prediction import Z95
 
 PR_BBOX = (-67.3, 17.9, -65.6, 18.55)
 

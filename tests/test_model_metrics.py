@@ -19,7 +19,7 @@ from geodbk.fit.metrics import (
     pi_width,
     save_metrics,
 )
-from geodbk.fit.prediction import Prediction
+from geodbk.prediction import Prediction
 
 
 def test_prediction_interval_properties():

@@ -1,2 +1,2 @@
-"""Fitting and prediction: the trainer, the fitted :class:`~geodbk.fit.regressor.Regressor` around a zoo model, the lon/lat :class:`~geodbk.fit.geomodel.GeoModel`, the local residual field, predictions and metrics.
+"""Fitting and prediction: the trainer, the fitted :class:`~geodbk.fit.regressor.Regressor` around a zoo model, the lon/lat :class:`~geodbk.fit.geomodel.GeoModel`, the local residual field and metrics.
 """

@@ -24,7 +24,7 @@ from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time, quarter_years
 from geodbk.models.config import ModelConfig
-from geodbk.fit.prediction import ChangePrediction, Prediction
+from geodbk.prediction import ChangePrediction, Prediction
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
 from geodbk.fit.train import fit_arrays
@@ -116,7 +116,7 @@ class GeoModel:
         """Predictive distribution of log10(value) at ``lonlat`` (n, 2) degrees and ``time``.
 
         ``sd`` is the tile-mean distribution; ``tests`` (n,) adds ``measurement_sd`` for new
-        measurements of that many tests (see :class:`~geodbk.fit.prediction.Prediction`).
+        measurements of that many tests (see :class:`~geodbk.prediction.Prediction`).
         """
         lonlat = _lonlat(lonlat, "lonlat")
         prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)

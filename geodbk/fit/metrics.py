@@ -16,7 +16,7 @@ import pandas as pd
 from scipy.special import erf
 
 from geodbk.errors import InputDataError
-from geodbk.fit.prediction import Z95, Prediction
+from geodbk.prediction import Z95, Prediction
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
 GROUPS = ("overall", "urban", "rural")

@@ -22,7 +22,7 @@ from geodbk.fileio import atomic_path
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import ard_rbf
 from geodbk.models.zoo import get_model_spec
-from geodbk.fit.prediction import Prediction
+from geodbk.prediction import Prediction
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

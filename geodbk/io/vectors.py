@@ -9,7 +9,7 @@ import geopandas as gpd
 import numpy as np
 
 from geodbk.errors import InputDataError
-from geodbk.fit.prediction import Z95, to_data_units
+from geodbk.prediction import Z95, to_data_units
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset.spatial_dataset import SpatialDataset

@@ -46,7 +46,7 @@ import xarray as xr
 
 from geodbk.errors import InputDataError
 from geodbk.dataset.inputs import parse_quarter_label, parse_time
-from geodbk.fit.prediction import Z95, probability_below, to_data_units
+from geodbk.prediction import Z95, probability_below, to_data_units
 from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -64,7 +64,7 @@ class SpatialPredictor(Protocol):
     object per quarter of a sequence (what grids call). ``kernel_slice`` returns the ``(n, k)``
     prior kernel between the points and ``k`` reference points, in target units squared;
     it is only called when ``has_kernel`` is true, as is ``predict_change`` (a
-    :class:`~geodbk.fit.prediction.ChangePrediction`, for change layers only). ``distance_to_data`` gives metres to the
+    :class:`~geodbk.prediction.ChangePrediction`, for change layers only). ``distance_to_data`` gives metres to the
     nearest training tile (needed for ``max_distance`` only).
     """
 

@@ -35,7 +35,7 @@ from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.schema import model_meta
-from geodbk.fit.prediction import probability_below, to_data_units
+from geodbk.prediction import probability_below, to_data_units
 from geodbk.maps.thresholds import DEFAULT, resolve_threshold
 
 #: Cell side of the summary grid when none is given: 0.005 degrees, about one zoom-16 tile.
