@@ -18,8 +18,9 @@ import shapely
 
 from geodbk import paths
 from geodbk.errors import DownloadError, InputDataError
-from geodbk.ingest.ookla import TILE_COLUMNS, fetch, ookla_url, parse_quarter, parse_service, read_tiles
+from geodbk.ingest.ookla import TILE_COLUMNS, ookla_url, parse_quarter, parse_service, read_tiles
 from geodbk.ingest.quadkey import quadkey_bounds
+from geodbk.ingest.sources import cache_path, fetch
 
 OOKLA_RAW_COLUMNS = ["quadkey", "tile", "avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices"]
 
@@ -235,6 +236,7 @@ def test_url_is_downloaded_once_then_cached(http_root, tmp_path):
     local = read_tiles(paths.HAWAII_MOBILE_GEOJSON_ZIP)
     pd.testing.assert_frame_equal(pd.DataFrame(tiles.drop(columns="geometry")), pd.DataFrame(local.drop(columns="geometry")))
     cached = fetch(url, tmp_path)
+    assert cached == cache_path(url, tmp_path) and cached.parent.parent == tmp_path
     assert cached.read_bytes() == paths.HAWAII_MOBILE_GEOJSON_ZIP.read_bytes()
     again = read_tiles(url, cache_dir=tmp_path)
     assert len(requests) == before + 1  # cache hit: no second request

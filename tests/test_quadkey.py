@@ -1,5 +1,6 @@
-"""Bing tile maths against known values and the sample's reference ``tile`` polygons."""
+"""Bing tile maths against known values, the sample's reference ``tile`` polygons and ``mercantile``."""
 
+import mercantile
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,6 +10,7 @@ from geodbk import paths
 from geodbk.errors import InputDataError
 from geodbk.ingest.quadkey import (
     lonlat_to_quadkey,
+    lonlat_to_tile,
     quadkey_bounds,
     quadkey_centres,
     quadkey_polygons,
@@ -98,3 +100,47 @@ def test_invalid_quadkeys_are_refused(bad):
 def test_out_of_range_tile_is_refused():
     with pytest.raises(InputDataError):
         tile_to_quadkey(4, 0, 2)
+
+
+# --- agreement with mercantile (an independent implementation) on random tiles ---------------
+
+
+def _random_tiles(zoom: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    size = 2**zoom
+    x = rng.integers(0, size, n)
+    y = rng.integers(0, size, n)
+    # Always include the corner tiles, where the bounds reach +-180 and +-85.0511.
+    x[:2], y[:2] = [0, size - 1], [0, size - 1]
+    return x, y
+
+
+@pytest.mark.parametrize("zoom, n", [(16, 4000), (1, 50), (4, 200), (9, 500), (12, 500), (20, 500), (23, 500)])
+def test_quadkeys_and_bounds_agree_with_mercantile(zoom, n):
+    x, y = _random_tiles(zoom, n, seed=zoom)
+    ours = tile_to_quadkey(x, y, zoom)
+    theirs = [mercantile.quadkey(int(i), int(j), zoom) for i, j in zip(x, y, strict=True)]
+    assert ours.tolist() == theirs
+
+    back_x, back_y, back_z = quadkey_to_tile(theirs)
+    expected = np.array([tuple(mercantile.quadkey_to_tile(q)) for q in theirs])
+    np.testing.assert_array_equal(np.column_stack([back_x, back_y, back_z]), expected)
+
+    reference = np.array([tuple(mercantile.bounds(int(i), int(j), zoom)) for i, j in zip(x, y, strict=True)])
+    np.testing.assert_allclose(tile_bounds(x, y, zoom), reference, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(quadkey_bounds(ours), reference, rtol=0, atol=1e-10)
+    midpoints = np.column_stack([(reference[:, 0] + reference[:, 2]) / 2, (reference[:, 1] + reference[:, 3]) / 2])
+    np.testing.assert_allclose(quadkey_centres(ours), midpoints, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("zoom", [3, 16, 21])
+def test_point_to_tile_agrees_with_mercantile(zoom):
+    rng = np.random.default_rng(100 + zoom)
+    lon = rng.uniform(-179.999, 179.999, 3000)
+    lat = rng.uniform(-85.0, 85.0, 3000)
+    x, y = lonlat_to_tile(lon, lat, zoom)
+    expected = np.array([tuple(mercantile.tile(a, b, zoom))[:2] for a, b in zip(lon, lat, strict=True)])
+    np.testing.assert_array_equal(np.column_stack([x, y]), expected)
+    assert lonlat_to_quadkey(lon[:200], lat[:200], zoom).tolist() == [
+        mercantile.quadkey(*mercantile.tile(a, b, zoom)) for a, b in zip(lon[:200], lat[:200], strict=True)
+    ]

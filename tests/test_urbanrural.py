@@ -1,5 +1,9 @@
 """Urban/rural tagging by urban-area polygons and by county urban share."""
 
+import functools
+import http.server
+import threading
+
 import geopandas as gpd
 import numpy as np
 import pytest
@@ -7,6 +11,7 @@ import shapely
 
 from geodbk.errors import InputDataError
 from geodbk.ingest.quadkey import quadkey_centres
+from geodbk.ingest.sources import cache_path
 from geodbk.ingest.urbanrural import ROUTE_URBAN_AREAS, county_urban_share, tag_urban_rural
 
 SAN_JUAN_AREA = ["72127", "72061", "72021", "72031", "72033"]  # San Juan, Guaynabo, Bayamón, Carolina, Cataño
@@ -41,6 +46,38 @@ def test_urban_area_polygons_route(pr_tiles_2023q4, pr_counties, centres, tmp_pa
     # The same polygons as an in-memory GeoDataFrame give the same labels.
     again, _ = tag_urban_rural(pr_tiles_2023q4, urban_areas=gpd.read_file(path))
     assert (again["urban_rural"] == tagged["urban_rural"]).all()
+
+
+def test_urban_areas_by_url_are_downloaded_once_into_the_cache(pr_tiles_2023q4, pr_counties, tmp_path):
+    www, cache = tmp_path / "www", tmp_path / "cache"
+    www.mkdir()
+    metro = pr_counties[pr_counties["GEOID"].isin(SAN_JUAN_AREA)]
+    gpd.GeoDataFrame(geometry=[metro.geometry.union_all()], crs=4326).to_file(www / "ua.geojson")
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            requests.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(www)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/ua.geojson"
+        by_url, route = tag_urban_rural(pr_tiles_2023q4, urban_areas=url, cache_dir=cache)
+        again, _ = tag_urban_rural(pr_tiles_2023q4, urban_areas=url, cache_dir=cache)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert route == ROUTE_URBAN_AREAS and requests == ["/ua.geojson"]
+    assert cache_path(url, cache).read_bytes() == (www / "ua.geojson").read_bytes()
+    local, _ = tag_urban_rural(pr_tiles_2023q4, urban_areas=www / "ua.geojson")
+    assert (by_url["urban_rural"] == local["urban_rural"]).all()
+    assert (again["urban_rural"] == local["urban_rural"]).all()
+    assert (local["urban_rural"] == "urban").sum() > 500
 
 
 @pytest.mark.filterwarnings("ignore:'crs' was not provided")

@@ -4,25 +4,36 @@ Sources: Ookla's own quarterly files (Parquet with a WKT ``tile`` column, or zip
 shapefiles), GeoJSON (plain or several inside a zip, as published by downstream projects),
 and the Parquet sample shipped in ``data/`` (which adds region, service, year, quarter and
 ``quarter_incomplete`` columns). A source may be a local path or an http(s) URL; URLs are
-downloaded once into a cache folder.
+downloaded once into a cache folder (:mod:`geodbk.ingest.sources`).
 
-Normalised columns: ``quadkey`` (str), ``year`` (int16), ``quarter`` (int16), ``service``
-(str), ``avg_d_kbps``, ``avg_u_kbps`` (kbit/s), ``avg_lat_ms`` (ms) as float64 so that a
-missing value stays NaN, ``tests``, ``devices`` (int64) and ``geometry`` = tile polygon in
-EPSG:4326. Null, empty or missing geometries are rebuilt from the quadkey.
+Normalised columns (:data:`TILE_COLUMNS`): ``quadkey`` (str), ``year`` (int16), ``quarter``
+(int16), ``service`` (str), ``avg_d_kbps``, ``avg_u_kbps`` (kbit/s), ``avg_lat_ms`` (ms) as
+float64 so that a missing value stays NaN, ``tests``, ``devices`` (int64), ``tile_x``,
+``tile_y`` (float64, the tile centre's lon and lat in degrees, always computed from the
+quadkey) and ``geometry`` = tile polygon in EPSG:4326. Null, empty or missing geometries are
+rebuilt from the quadkey.
+
+Ookla's schema grew over time, and every version is read:
+
+* ``avg_lat_down_ms``, ``avg_lat_up_ms`` (:data:`LOADED_LATENCY_COLUMNS`): latency under
+  load during the download and upload phases, ms. Ookla added them with the 2022Q4 files,
+  in Parquet only, and leaves them null where no test in the tile measured them. They are
+  kept when a file has them, as float64 with NaN for null (and for empty strings, which
+  text conversions write for null); a negative or non-numeric value is an error. Files
+  without them (older quarters, shapefiles, the shipped sample) give frames without the
+  columns, and several files read together give NaN for the rows of the older ones.
+* ``tile_x``, ``tile_y``: the tile centre, added to Ookla's files with 2023Q3. Files
+  without them get the centre from the quadkey; files with them are checked: a point that
+  lies outside its quadkey's tile is an error (a mislabelled column), and the output holds
+  the exact quadkey centre either way (Ookla's values are rounded).
 """
 
 from __future__ import annotations
 
-import hashlib
-import http.client
 import re
-import urllib.error
-import urllib.parse
-import urllib.request
 import zipfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import geopandas as gpd
 import numpy as np
@@ -30,20 +41,23 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import shapely
-from tqdm.auto import tqdm
 
-from geodbk import paths
-from geodbk.errors import DownloadError, InputDataError
-from geodbk.fileio import atomic_path
-from geodbk.ingest.quadkey import quadkey_polygons, quadkey_to_tile
+from geodbk.errors import InputDataError
+from geodbk.ingest.quadkey import quadkey_bounds, quadkey_centres, quadkey_polygons, quadkey_to_tile
+from geodbk.ingest.sources import is_url, local_path
 
 #: Public https root of Ookla's open-data S3 bucket (``s3://ookla-open-data``).
 OOKLA_BUCKET_URL = "https://ookla-open-data.s3.amazonaws.com"
 SERVICES = ("mobile", "fixed")
 #: Ookla's value columns, present in every Ookla file.
 VALUE_COLUMNS = ("avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices")
-#: Columns of the normalised tiles frame, in order.
-TILE_COLUMNS = ("quadkey", "year", "quarter", "service", *VALUE_COLUMNS, "geometry")
+#: Ookla's loaded-latency columns (ms), in Parquet files from 2022Q4 on; kept when present.
+LOADED_LATENCY_COLUMNS = ("avg_lat_down_ms", "avg_lat_up_ms")
+#: Tile centre columns (lon, lat degrees), in Ookla's files from 2023Q3 on; always in the output.
+CENTRE_COLUMNS = ("tile_x", "tile_y")
+#: Columns of every normalised tiles frame, in order; present loaded-latency columns go
+#: between ``tile_y`` and ``geometry``.
+TILE_COLUMNS = ("quadkey", "year", "quarter", "service", *VALUE_COLUMNS, *CENTRE_COLUMNS, "geometry")
 
 _QUARTER_IN_NAME = re.compile(r"(?<!\d)(20\d\d)[_-]?[Qq]([1-4])(?!\d)")
 _OOKLA_DATE_IN_NAME = re.compile(r"(?<!\d)(20\d\d)-(01|04|07|10)-01_performance")
@@ -76,59 +90,6 @@ def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> st
     month = 3 * (quarter - 1) + 1
     name = f"{int(year)}-{month:02d}-01_performance_{service}_tiles.{ext}"
     return f"{OOKLA_BUCKET_URL}/{folder}/performance/type={service}/year={int(year)}/quarter={quarter}/{name}"
-
-
-def is_url(source: object) -> bool:
-    """True for an ``http://`` or ``https://`` string."""
-    return isinstance(source, str) and source.lower().startswith(("http://", "https://"))
-
-
-def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.0) -> Path:
-    """Download ``url`` into the cache once and return the local path.
-
-    The file lands in ``cache_dir/<hash of url>/<file name>``; a second call for the same
-    URL returns that path without any request. The download streams into a temporary file
-    in the same folder that is renamed into place only when complete, so an interrupted
-    download never leaves a half-written file behind.
-
-    Args:
-        url: http(s) URL.
-        cache_dir: cache folder; defaults to :data:`geodbk.paths.CACHE_DIR`.
-        timeout: seconds to wait for the server.
-
-    Raises:
-        DownloadError: the server is unreachable or answers with an HTTP error.
-    """
-    if not is_url(url):
-        raise DownloadError(f"not an http(s) URL: {url!r}")
-    cache = Path(cache_dir) if cache_dir is not None else paths.CACHE_DIR
-    name = Path(urllib.parse.urlparse(url).path).name or "download"
-    target = cache / hashlib.sha256(url.encode()).hexdigest()[:16] / name
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with atomic_path(target, suffix=".part") as tmp, open(tmp, "wb") as out, urllib.request.urlopen(
-            url, timeout=timeout
-        ) as response:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            received = 0
-            with tqdm(total=total, unit="B", unit_scale=True, desc=name, leave=False) as bar:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-                    received += len(chunk)
-                    bar.update(len(chunk))
-            if total is not None and received < total:
-                raise DownloadError(f"cannot download {url}: connection closed after {received} of {total} bytes")
-    except DownloadError:
-        raise
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
-        if isinstance(err, urllib.error.HTTPError):
-            reason = f"HTTP {err.code} {err.reason}"
-        else:
-            reason = str(getattr(err, "reason", err))
-        raise DownloadError(f"cannot download {url}: {reason}") from err
-    return target
 
 
 def parse_quarter(name: str) -> tuple[int, int] | None:
@@ -251,6 +212,67 @@ def _key_column(raw: pd.DataFrame, column: str, given: object, from_name: object
     return np.full(len(raw), value)
 
 
+def _loaded_latency(values: pd.Series, column: str, name: str) -> np.ndarray:
+    """One loaded-latency column as a float64 ``(n,)`` array in ms, NaN where Ookla left it null.
+
+    Empty or blank strings (what text conversions write for null) are NaN too.
+
+    Raises:
+        InputDataError: a value is neither blank nor a number, or is negative or infinite.
+    """
+    if pd.api.types.is_numeric_dtype(values.dtype):
+        latency = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        text = values.astype("string").str.strip()
+        blank = (text.isna() | (text == "")).to_numpy(dtype=bool)
+        numeric = pd.to_numeric(text.mask(blank), errors="coerce")
+        unreadable = numeric.isna().to_numpy(dtype=bool) & ~blank
+        if unreadable.any():
+            example = values.to_numpy()[np.flatnonzero(unreadable)[0]]
+            raise InputDataError(
+                f"{name}: {column} has {int(unreadable.sum())} value(s) that are not numbers, e.g. {example!r}"
+            )
+        latency = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
+    invalid = ~np.isnan(latency) & ~(np.isfinite(latency) & (latency >= 0))
+    if invalid.any():
+        raise InputDataError(
+            f"{name}: {column} has {int(invalid.sum())} negative or infinite value(s), e.g. "
+            f"{latency[invalid][0]:g}; a latency is >= 0 ms and a missing one is null"
+        )
+    return latency
+
+
+def _tile_centres(raw: pd.DataFrame, uniques: np.ndarray, codes: np.ndarray, name: str) -> np.ndarray:
+    """``(n, 2)`` tile centres (lon, lat degrees) of the rows, computed from their quadkeys.
+
+    Args:
+        raw: the raw table; its own ``tile_x``/``tile_y``, if any, are checked.
+        uniques: ``(m,)`` distinct quadkeys; ``codes``: ``(n,)`` index of each row's quadkey.
+
+    Raises:
+        InputDataError: a row's own ``tile_x``/``tile_y`` lies outside its quadkey's tile.
+    """
+    centres = quadkey_centres(uniques)[codes]
+    if not set(CENTRE_COLUMNS) <= set(raw.columns):
+        return centres
+    given = np.column_stack([pd.to_numeric(raw[c], errors="coerce").to_numpy(dtype=np.float64) for c in CENTRE_COLUMNS])
+    bounds = quadkey_bounds(uniques)[codes]
+    inside = (
+        (bounds[:, 0] <= given[:, 0])
+        & (given[:, 0] <= bounds[:, 2])
+        & (bounds[:, 1] <= given[:, 1])
+        & (given[:, 1] <= bounds[:, 3])
+    )
+    outside = ~np.isnan(given).any(axis=1) & ~inside
+    if outside.any():
+        row = np.flatnonzero(outside)[0]
+        raise InputDataError(
+            f"{name}: {int(outside.sum())} row(s) have tile_x/tile_y outside their quadkey's tile, e.g. "
+            f"quadkey {uniques[codes[row]]} at ({given[row, 0]:g}, {given[row, 1]:g})"
+        )
+    return centres
+
+
 def normalise_tiles(
     raw: pd.DataFrame,
     *,
@@ -264,9 +286,14 @@ def normalise_tiles(
     ``year``/``quarter``/``service`` fill in what the table lacks as columns; if still
     unknown they are parsed from ``name``.
 
+    Returns:
+        ``n`` rows with :data:`TILE_COLUMNS`, plus those of :data:`LOADED_LATENCY_COLUMNS`
+        that ``raw`` has (float64 ms, NaN where missing) before ``geometry``.
+
     Raises:
         InputDataError: missing columns, missing or invalid quadkeys, unknown quarter or
-            service, or geometries without a CRS.
+            service, geometries without a CRS, a tile centre outside its tile, or a bad
+            loaded latency.
     """
     missing = [c for c in ("quadkey", *VALUE_COLUMNS) if c not in raw.columns]
     if missing:
@@ -291,6 +318,8 @@ def normalise_tiles(
         if col in ("tests", "devices"):
             numeric = numeric.fillna(0).astype(np.int64)
         values[col] = numeric.to_numpy(dtype=np.float64 if col.startswith("avg_") else np.int64)
+    centres = _tile_centres(raw, np.asarray(uniques, dtype=object), codes, name)
+    loaded = {col: _loaded_latency(raw[col], col, name) for col in LOADED_LATENCY_COLUMNS if col in raw.columns}
     frame = pd.DataFrame(
         {
             "quadkey": pd.array(quadkeys, dtype="str"),
@@ -298,6 +327,9 @@ def normalise_tiles(
             "quarter": np.asarray(quarters, dtype=np.int16),
             "service": pd.array(np.asarray(services, dtype=object), dtype="str"),
             **values,
+            "tile_x": centres[:, 0],
+            "tile_y": centres[:, 1],
+            **loaded,
         }
     )
     if "quarter_incomplete" in raw.columns:
@@ -328,8 +360,9 @@ def read_tiles(
 
     Returns:
         Normalised tiles (columns :data:`TILE_COLUMNS`, EPSG:4326), one row per (tile,
-        quarter). ``attrs["dropped"]`` maps ``"incomplete_quarter"`` to the number of rows
-        dropped for that reason.
+        quarter), plus :data:`LOADED_LATENCY_COLUMNS` (float64 ms) when any source has
+        them; rows from sources without them hold NaN there. ``attrs["dropped"]`` maps
+        ``"incomplete_quarter"`` to the number of rows dropped for that reason.
 
     Raises:
         InputDataError: unreadable or corrupt file, missing columns, unknown quarter.
@@ -338,17 +371,18 @@ def read_tiles(
     sources: Iterable = [source] if isinstance(source, (str, Path)) else source
     frames = []
     for src in sources:
-        local = fetch(src, cache_dir) if is_url(src) else Path(src)
-        for raw, name in _read_raw(local):
+        for raw, name in _read_raw(local_path(src, cache_dir)):
             label = name if not is_url(src) else f"{src}/{Path(name).name}"
             frames.append(normalise_tiles(raw, year=year, quarter=quarter, service=service, name=label))
     if not frames:
         raise InputDataError("no tile sources given")
     tiles = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    return _drop_incomplete(tiles, drop_incomplete)
+    return _finish(tiles, drop_incomplete)
 
 
-def _drop_incomplete(tiles: gpd.GeoDataFrame, drop: bool) -> gpd.GeoDataFrame:
+def _finish(tiles: pd.DataFrame, drop: bool) -> gpd.GeoDataFrame:
+    """Drop (if ``drop``) and count the ``quarter_incomplete`` rows, remove that flag, and
+    put the columns in :data:`TILE_COLUMNS` order with the loaded latency before ``geometry``."""
     n_incomplete = 0
     if "quarter_incomplete" in tiles.columns:
         flag = tiles["quarter_incomplete"].to_numpy(dtype=bool)
@@ -356,7 +390,8 @@ def _drop_incomplete(tiles: gpd.GeoDataFrame, drop: bool) -> gpd.GeoDataFrame:
             n_incomplete = int(flag.sum())
             tiles = tiles[~flag]
         tiles = tiles.drop(columns="quarter_incomplete").reset_index(drop=True)
-    tiles = gpd.GeoDataFrame(tiles, geometry="geometry", crs=4326)
+    loaded = [c for c in LOADED_LATENCY_COLUMNS if c in tiles.columns]
+    tiles = gpd.GeoDataFrame(tiles[[*TILE_COLUMNS[:-1], *loaded, "geometry"]], geometry="geometry", crs=4326)
     tiles.attrs["dropped"] = {"incomplete_quarter": n_incomplete}
     return tiles
 
@@ -370,7 +405,7 @@ def as_tiles(
     stay counted.
     """
     before = dict(frame.attrs.get("dropped", {}))
-    tiles = _drop_incomplete(normalise_tiles(frame, service=service, name=name), drop_incomplete)
+    tiles = _finish(normalise_tiles(frame, service=service, name=name), drop_incomplete)
     tiles.attrs["dropped"] = {
         k: before.get(k, 0) + tiles.attrs["dropped"].get(k, 0) for k in {*before, *tiles.attrs["dropped"]}
     }

@@ -10,7 +10,7 @@ southwards). All functions are vectorised over numpy arrays; angles are in degre
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import shapely

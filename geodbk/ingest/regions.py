@@ -26,6 +26,7 @@ from shapely.geometry.base import BaseGeometry
 
 from geodbk import paths
 from geodbk.errors import InputDataError, RegionError
+from geodbk.ingest.sources import local_path
 
 #: Default growth of the region polygon before clipping, degrees (see module docstring).
 DEFAULT_BUFFER_DEG = 0.01
@@ -65,15 +66,27 @@ def state_boundaries() -> gpd.GeoDataFrame:
     return states.to_crs(4326)
 
 
-def read_polygons(source: str | Path, *, what: str = "region", keep_crs: bool = False) -> gpd.GeoDataFrame:
+def read_polygons(
+    source: str | Path,
+    *,
+    what: str = "region",
+    keep_crs: bool = False,
+    cache_dir: str | Path | None = None,
+) -> gpd.GeoDataFrame:
     """Read a polygon file (GeoJSON, shapefile or zip, GeoPackage, GeoParquet) in EPSG:4326,
     or in the file's own CRS with ``keep_crs``.
+
+    Args:
+        source: path, or http(s) URL downloaded once into ``cache_dir``
+            (:func:`geodbk.ingest.sources.fetch`).
+        what: what the file is, for error messages.
 
     Raises:
         InputDataError: the file is missing, unreadable, empty, has no CRS, or holds no
             polygons.
+        DownloadError: a URL cannot be fetched.
     """
-    path = Path(source)
+    path = local_path(source, cache_dir)
     if not path.exists():
         raise InputDataError(f"{what} file not found: {path}")
     uri = f"zip://{path}" if path.suffix.lower() == ".zip" else str(path)

@@ -28,7 +28,6 @@ import shapely
 
 from geodbk import paths
 from geodbk.errors import InputDataError
-from geodbk.ingest.ookla import fetch, is_url
 from geodbk.ingest.quadkey import quadkey_centres
 from geodbk.ingest.regions import read_polygons
 
@@ -61,14 +60,15 @@ def county_urban_share(
     return merged.drop(columns="POPPCT_URB")
 
 
-def _urban_by_areas(centres: gpd.GeoSeries, urban_areas: str | Path | gpd.GeoDataFrame, cache_dir) -> np.ndarray:
+def _urban_by_areas(
+    centres: gpd.GeoSeries, urban_areas: str | Path | gpd.GeoDataFrame, cache_dir: str | Path | None
+) -> np.ndarray:
     if isinstance(urban_areas, gpd.GeoDataFrame):
         if urban_areas.crs is None:
             raise InputDataError("urban_areas has no CRS; geodbk will not guess one")
         areas = urban_areas.to_crs(4326)
     else:
-        local = fetch(urban_areas, cache_dir) if is_url(urban_areas) else Path(urban_areas)
-        areas = read_polygons(local, what="urban area")
+        areas = read_polygons(urban_areas, what="urban area", cache_dir=cache_dir)
     union = shapely.make_valid(areas.geometry.union_all())
     shapely.prepare(union)
     return shapely.contains_xy(union, centres.x.to_numpy(), centres.y.to_numpy())
