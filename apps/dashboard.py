@@ -17,7 +17,9 @@ Arguments after ``--args``: ``--run DIR`` (repeatable; default ``$GEODBK_RUN`` o
 shapefile zip, GeoPackage, GeoParquet) whose polygons meeting the model's region get an area
 summary table (:func:`geodbk.maps.summaries.summarize_polygons`) for the slider's quarter.
 
-The page's building blocks that hold no widget state are in ``apps/dashboard_views.py``.
+The page holds widgets, layout and callbacks only: what it shows is computed by
+:mod:`geodbk.viewer` (run-folder catalog, grid cells, kernel slices, units, layers), and its
+HoloViews plots are built in ``apps/dashboard_views.py``.
 """
 
 from __future__ import annotations
@@ -28,57 +30,49 @@ import io
 import operator
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import geopandas as gpd
 import holoviews as hv
 import numpy as np
 import pandas as pd
 import panel as pn
 import xarray as xr
+from dashboard_views import URBAN_COLOURS, density_plot, kernel_slice_plot, raster_hover, series_plot, vector_overlay
 from holoviews import streams
 
-from dashboard_views import (
+from geodbk.errors import GeodbkError
+from geodbk.viewer import (
     ALL_QUARTERS,
     DEFAULT_LAYER,
     LAYER_BY_KEY,
     NEAR_KM,
+    Catalog,
+    Fit,
     Layer,
+    PointPrediction,
     Series,
-    URBAN_COLOURS,
-    at_quarter,
     change_span,
     colour_limits,
-    density_plot,
     grid_cells_lonlat,
     grid_quarters,
-    kernel_slice_plot,
     layer_cmap,
     layer_label,
     layer_options,
     layer_variable,
     lonlat_to_mercator,
-    mercator_raster,
     mercator_to_lonlat,
+    metrics_tables,
     observed_near,
+    on_cells,
     outline_paths,
-    raster_hover,
     resolve_layer,
-    series_plot,
+    shown_quarter,
+    slice_at_cells,
+    slice_units,
     summary_table,
+    tiles_geojson,
     tiles_in_quarter,
-    vector_overlay,
 )
-from geodbk.dataset.spatial_dataset import SpatialDataset
-from geodbk.errors import GeodbkError
-from geodbk.io.vectors import tile_predictions
-from geodbk.fit.geomodel import GeoModel
-from geodbk.maps.stores import open_grid
-from geodbk.prediction import Z95, to_data_units
-from geodbk.ingest.regions import read_polygons
-from geodbk.maps.summaries import polygons_in_region, summarize_polygons
-from geodbk.workflow import RunFolder
 
 hv.extension("bokeh")
 pn.extension(notifications=False)
@@ -106,173 +100,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.polygons is None and os.environ.get("GEODBK_POLYGONS"):
         args.polygons = Path(os.environ["GEODBK_POLYGONS"])
     return args
-
-
-# --- reading run folders (cached across browser sessions) ------------------------------------
-def _stamp(path: Path) -> float:
-    return path.stat().st_mtime
-
-
-@pn.cache(max_items=8)
-def _load_dataset(path: str, stamp: float) -> SpatialDataset:
-    return SpatialDataset.load(path)
-
-
-@pn.cache(max_items=16)
-def _load_model(path: str, stamp: float) -> GeoModel:
-    return GeoModel.load(path)
-
-
-@pn.cache(max_items=16)
-def _load_grid(path: str, stamp: float) -> xr.Dataset:
-    with open_grid(path) as ds:
-        return ds.load()
-
-
-@pn.cache(max_items=128)
-def _mercator_layer(path: str, stamp: float, variable: str, quarter: str | None) -> xr.DataArray:
-    """One grid variable at one quarter (2-D grids: the only one), warped to Web Mercator."""
-    return mercator_raster(at_quarter(_load_grid(path, stamp)[variable], quarter))
-
-
-@pn.cache(max_items=32)
-def _prior_variance(model_path: str, grid_path: str, stamp: tuple[float, float], quarter: str | None) -> np.ndarray:
-    """k(x, x) at the grid cells inside the region, at ``quarter``."""
-    lonlat, _ = grid_cells_lonlat(_load_grid(grid_path, stamp[1]))
-    return _load_model(model_path, stamp[0]).prior_variance(lonlat, quarter)
-
-
-@pn.cache(max_items=16)
-def _test_tiles(model_path: str, dataset_path: str, stamp: float) -> pd.DataFrame:
-    """:func:`geodbk.io.vectors.tile_predictions` of a model at its run's test tiles."""
-    model = _load_model(model_path, _stamp(Path(model_path)))
-    dataset = _load_dataset(dataset_path, _stamp(Path(dataset_path)))
-    return pd.DataFrame(tile_predictions(model, dataset, split="test").drop(columns="geometry"))
-
-
-@pn.cache(max_items=4)
-def _load_polygons(path: str, stamp: float) -> gpd.GeoDataFrame:
-    return read_polygons(path, what="polygon")
-
-
-@pn.cache(max_items=8)
-def _region_polygons(polygons_path: str, dataset_path: str, stamp: tuple[float, float]) -> gpd.GeoDataFrame:
-    """The polygons of the file that meet the run's region (a county file has thousands more)."""
-    polygons = _load_polygons(polygons_path, stamp[0])
-    return polygons_in_region(polygons, _load_dataset(dataset_path, stamp[1]).region.geometry)
-
-
-@pn.cache(max_items=64)
-def _polygon_summary(
-    model_path: str, polygons_path: str, dataset_path: str, stamp: tuple[float, float, float], quarter: str | None
-) -> pd.DataFrame:
-    """:func:`geodbk.maps.summaries.summarize_polygons` of one model and quarter over the region's polygons."""
-    polygons = _region_polygons(polygons_path, dataset_path, stamp[1:])
-    summary = summarize_polygons(_load_model(model_path, stamp[0]), polygons, time=quarter)
-    return pd.DataFrame(summary.drop(columns="geometry"))
-
-
-@dataclass(frozen=True)
-class Fit:
-    """One saved model in a run folder and the files that go with it."""
-
-    run: Path
-    kind: str
-    target: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind} ({self.run.name}, {self.target})"
-
-    @property
-    def files(self) -> RunFolder:
-        return RunFolder(self.run)
-
-    @property
-    def model_path(self) -> Path:
-        return self.files.model(self.kind)
-
-    @property
-    def grid_path(self) -> Path:
-        return self.files.map_netcdf(self.kind)
-
-    @property
-    def geotiff_path(self) -> Path:
-        return self.files.map_geotiff(self.kind)
-
-    @property
-    def test_tiles_path(self) -> Path:
-        return self.files.test_tiles(self.kind)
-
-    @property
-    def dataset_path(self) -> Path:
-        return self.files.dataset
-
-    def model(self) -> GeoModel:
-        return _load_model(str(self.model_path), _stamp(self.model_path))
-
-    def grid(self) -> xr.Dataset | None:
-        if not self.grid_path.exists():
-            return None
-        return _load_grid(str(self.grid_path), _stamp(self.grid_path))
-
-    def dataset(self) -> SpatialDataset:
-        return _load_dataset(str(self.dataset_path), _stamp(self.dataset_path))
-
-    def mercator_layer(self, variable: str, quarter: str | None) -> xr.DataArray:
-        return _mercator_layer(str(self.grid_path), _stamp(self.grid_path), variable, quarter)
-
-    def prior_variance(self, quarter: str | None) -> np.ndarray:
-        """``(m,)`` prior variance k(x, x) at the grid cells inside the region (see grid_cells_lonlat)."""
-        stamp = (_stamp(self.model_path), _stamp(self.grid_path))
-        return _prior_variance(str(self.model_path), str(self.grid_path), stamp, quarter)
-
-    def test_tiles(self) -> pd.DataFrame:
-        return _test_tiles(str(self.model_path), str(self.dataset_path), _stamp(self.model_path))
-
-    def region_polygons(self, polygons: Path) -> gpd.GeoDataFrame:
-        """The polygons of the file ``polygons`` that meet this run's region."""
-        stamp = (_stamp(polygons), _stamp(self.dataset_path))
-        return _region_polygons(str(polygons), str(self.dataset_path), stamp)
-
-    def polygon_summary(self, polygons: Path, quarter: str | None) -> pd.DataFrame:
-        """Area summary of this model over the region's polygons at ``quarter`` (cached)."""
-        stamp = (_stamp(self.model_path), _stamp(polygons), _stamp(self.dataset_path))
-        return _polygon_summary(str(self.model_path), str(polygons), str(self.dataset_path), stamp, quarter)
-
-
-@dataclass
-class Catalog:
-    """The fits found in the run folders, and why a folder was skipped."""
-
-    fits: list[Fit] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @classmethod
-    def scan(cls, runs: list[Path]) -> "Catalog":
-        catalog = cls()
-        for run in runs:
-            models = sorted((run / "models").glob("*.pt")) if run.is_dir() else []
-            if not (run / "dataset.parquet").exists() or not models:
-                catalog.problems.append(f"`{run}` is not a run folder (no dataset.parquet or models/*.pt)")
-                continue
-            for path in models:
-                target = str(_load_model(str(path), _stamp(path)).meta.get("target", "download"))
-                catalog.fits.append(Fit(run, path.stem, target))
-        return catalog
-
-    def for_target(self, target: str) -> list[Fit]:
-        return [fit for fit in self.fits if fit.target == target]
-
-
-def default_reference(fit: Fit, grid: xr.Dataset | None) -> tuple[float, float]:
-    """The grid's first saved reference point (urban when present), else the region centre."""
-    if grid is not None and "ref_lon" in grid.coords:
-        names = [str(n) for n in grid["ref"].to_numpy()]
-        i = names.index("urban") if "urban" in names else 0
-        return float(grid["ref_lon"][i]), float(grid["ref_lat"][i])
-    centre = fit.dataset().region.geometry.representative_point()
-    return float(centre.x), float(centre.y)
 
 
 # --- the page -------------------------------------------------------------------------------
@@ -372,19 +199,17 @@ class Dashboard:
     def _quarter(self, fit: Fit | None) -> str | None:
         """The quarter the map shows: the slider's, if the grid has it, else the grid's last
         (``None`` for a time-free model)."""
-        quarters = grid_quarters(fit.grid()) if fit else []
-        if self.map_quarter.value in quarters:
-            return self.map_quarter.value
-        return quarters[-1] if quarters else (fit.model().latest_quarter if fit else None)
+        if fit is None:
+            return None
+        return shown_quarter(fit.grid(), self.map_quarter.value, fit.model().latest_quarter)
 
     def _on_target(self, *_: object) -> None:
         fits = self.catalog.for_target(self.target.value)
         if fits:
             self.notice.visible = False
         else:
-            trained = sorted({f.target for f in self.catalog.fits})
             self.notice.object = (
-                f"No model in this run was trained on **{self.target.value}** (it has: {', '.join(trained)}). "
+                f"No model in this run was trained on **{self.target.value}** (it has: {', '.join(self.catalog.targets)}). "
                 f"Fit one with `geodbk demo --target {self.target.value} --out outputs/demo-{self.target.value}` "
                 f"and serve both: `geodbk serve --run outputs/demo --run outputs/demo-{self.target.value}`."
             )
@@ -482,9 +307,7 @@ class Dashboard:
     def _shown_tiles_geojson(self) -> io.BytesIO:
         fit = self.fit
         frame = tiles_in_quarter(fit.dataset().frame, self.quarter.value) if fit else None
-        columns = ["quadkey", "year", "quarter", "value", "urban_rural", "split", "geometry"]
-        text = frame[columns].to_json() if frame is not None else '{"type": "FeatureCollection", "features": []}'
-        return io.BytesIO(text.encode("utf-8"))
+        return io.BytesIO(tiles_geojson(frame).encode("utf-8"))
 
     def _summary_csv(self) -> io.BytesIO:
         """The area summary table shown (every column of summarize_polygons), as CSV."""
@@ -551,7 +374,7 @@ class Dashboard:
     @staticmethod
     def _point(fit: Fit, x: float | None, y: float | None) -> tuple[float, float]:
         """lon/lat of the last click, or the default reference point before the first one."""
-        return default_reference(fit, fit.grid()) if x is None or y is None else mercator_to_lonlat(x, y)
+        return fit.default_reference() if x is None or y is None else mercator_to_lonlat(x, y)
 
     def kernel_view(
         self, fit: Fit | None, x: float | None, y: float | None, kind: str, quarter_value: str
@@ -564,43 +387,37 @@ class Dashboard:
         lon, lat = self._point(fit, x, y)
         model = fit.model()
         quarter = self._quarter(fit)  # the quarter the raster shows (None: a time-free model)
-        pred = model.predict(np.array([[lon, lat]]), quarter)
-        mean, sd = float(pred.mean[0]), float(pred.sd[0])
-        plot = density_plot(mean, sd, fit.dataset().units, width=SIDE_WIDTH, height=190)
+        point = PointPrediction.from_prediction(model.predict(np.array([[lon, lat]]), quarter))
+        plot = density_plot(point, fit.dataset().units, width=SIDE_WIDTH, height=190)
         density = pn.pane.HoloViews(plot, css_classes=["geodbk-density"])
         if not model.has_kernel:  # the knn and dnn baselines
             return pn.Column(
-                self._reference_pane(fit, lon, lat, quarter, mean, sd, kind, None),
+                self._reference_pane(fit, lon, lat, quarter, point, kind, None),
                 pn.pane.Alert(f"{fit.kind} is not a GP: it has no kernel to slice", alert_type="secondary", width=SIDE_WIDTH),
                 density,
             )
         lonlat, inside = grid_cells_lonlat(grid)
-        values = np.full(inside.shape, np.nan, dtype=np.float64)
-        values[inside] = model.kernel_slice(lonlat, np.array([[lon, lat]]), quarter)[:, 0]
-        units = f"log10({fit.dataset().units})²"
+        var_x = fit.prior_variance(quarter) if kind == "correlation" else None
+        values = slice_at_cells(model, lonlat, (lon, lat), quarter, kind, var_x)
         if kind == "correlation":
-            k_ref = float(model.kernel_slice(np.array([[lon, lat]]), np.array([[lon, lat]]), quarter)[0, 0])
-            values[inside] /= np.sqrt(np.clip(fit.prior_variance(quarter) * k_ref, 1e-30, None))
             label, title = "ρ(x, x_ref)", f"correlation with ({lon:.4f}, {lat:.4f})"
         else:
-            label, title = f"k(x, x_ref) [{units}]", f"k(·, x_ref) at ({lon:.4f}, {lat:.4f})"
-        k_slice = at_quarter(grid["mean"], None).copy(data=values.astype(np.float32)).rename("k")
-        plot = kernel_slice_plot(k_slice, (lon, lat), fit.dataset().region.geometry, label=label, title=title,
-                                 width=SIDE_WIDTH, height=260)
+            label, title = f"k(x, x_ref) [{slice_units(fit.dataset().units)}]", f"k(·, x_ref) at ({lon:.4f}, {lat:.4f})"
+        plot = kernel_slice_plot(on_cells(grid, inside, values, "k"), (lon, lat), fit.dataset().region.geometry,
+                                 label=label, title=title, width=SIDE_WIDTH, height=260)
         # text and plots are replaced together, so the text never describes an older click
         return pn.Column(
-            self._reference_pane(fit, lon, lat, quarter, mean, sd, kind, values[inside]),
+            self._reference_pane(fit, lon, lat, quarter, point, kind, values),
             pn.pane.HoloViews(plot, css_classes=["geodbk-kernel"]),
             density,
         )
 
     @staticmethod
     def _reference_pane(
-        fit: Fit, lon: float, lat: float, quarter: str | None, mean: float, sd: float, kind: str, k: np.ndarray | None
+        fit: Fit, lon: float, lat: float, quarter: str | None, point: PointPrediction, kind: str, k: np.ndarray | None
     ) -> pn.pane.Markdown:
         """The clicked point, its predictive distribution in data and log10 units, and the slice's range."""
         units = fit.dataset().units
-        median, lower, upper = (float(v) for v in to_data_units(mean, sd))
         if k is None:
             kernel = "no kernel (not a GP)"
         else:
@@ -609,8 +426,8 @@ class Dashboard:
             )
         text = (
             f"**Reference point** lon {lon:.4f}, lat {lat:.4f}" + (f" · {quarter}" if quarter else "") + "  \n"
-            f"Predicted median **{median:.1f} {units}**, 95% PI [{lower:.1f}, {upper:.1f}] {units}  \n"
-            f"log10: mean {mean:.3f}, sd {sd:.3f}, PI width {2 * Z95 * sd:.3f}  \n"
+            f"Predicted median **{point.median:.1f} {units}**, 95% PI [{point.lower:.1f}, {point.upper:.1f}] {units}  \n"
+            f"log10: mean {point.mean:.3f}, sd {point.sd:.3f}, PI width {point.pi_width:.3f}  \n"
             f"{kernel}"
         )
         return pn.pane.Markdown(text, css_classes=["geodbk-ref"], width=SIDE_WIDTH)
@@ -649,9 +466,7 @@ class Dashboard:
         path = fit.files.metrics_csv
         if not path.exists():
             return pn.pane.Markdown(f"No `metrics.csv` in `{fit.run}`.")
-        table = pd.read_csv(path)
-        table = table.set_index(["model", "group"]).round(3)
-        mine = table.loc[[fit.kind]] if fit.kind in table.index.get_level_values(0) else table.iloc[:0]
+        mine, table = metrics_tables(path, fit.kind)
         return pn.Column(
             pn.pane.Markdown(f"**Test metrics of {fit.kind} by class** (log10 {fit.target})"),
             pn.pane.DataFrame(mine, sizing_mode="stretch_width", css_classes=["geodbk-metrics"]),

@@ -1,0 +1,149 @@
+"""The run folders a viewer shows: which fitted models they hold, and the files of each.
+
+A run folder is what ``geodbk demo`` writes (:class:`geodbk.workflow.RunFolder`): the
+dataset, one saved :class:`geodbk.fit.geomodel.GeoModel` per model kind, the metrics table
+and the prebuilt grids. Everything a :class:`Fit` reads goes through the cached readers of
+:mod:`geodbk.viewer.loaders`, keyed by the file's modification time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from geodbk.dataset.spatial_dataset import SpatialDataset
+from geodbk.fit.geomodel import GeoModel
+from geodbk.viewer import loaders
+from geodbk.viewer.loaders import stamp
+from geodbk.workflow import RunFolder
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One saved model in a run folder and the files that go with it.
+
+    Attributes:
+        run: the run folder.
+        kind: model kind (the file stem of ``models/<kind>.pt``).
+        target: what it predicts (``"download"``, ``"upload"`` or ``"latency"``).
+    """
+
+    run: Path
+    kind: str
+    target: str
+
+    @property
+    def label(self) -> str:
+        """``"dbk-rbf (demo, download)"``: the model picker's text."""
+        return f"{self.kind} ({self.run.name}, {self.target})"
+
+    @property
+    def files(self) -> RunFolder:
+        return RunFolder(self.run)
+
+    @property
+    def model_path(self) -> Path:
+        return self.files.model(self.kind)
+
+    @property
+    def grid_path(self) -> Path:
+        return self.files.map_netcdf(self.kind)
+
+    @property
+    def geotiff_path(self) -> Path:
+        return self.files.map_geotiff(self.kind)
+
+    @property
+    def test_tiles_path(self) -> Path:
+        return self.files.test_tiles(self.kind)
+
+    @property
+    def dataset_path(self) -> Path:
+        return self.files.dataset
+
+    def model(self) -> GeoModel:
+        return loaders.load_model(str(self.model_path), stamp(self.model_path))
+
+    def grid(self) -> xr.Dataset | None:
+        """The saved grid, or ``None`` when the run has none for this model."""
+        if not self.grid_path.exists():
+            return None
+        return loaders.load_grid(str(self.grid_path), stamp(self.grid_path))
+
+    def dataset(self) -> SpatialDataset:
+        return loaders.load_dataset(str(self.dataset_path), stamp(self.dataset_path))
+
+    def mercator_layer(self, variable: str, quarter: str | None) -> xr.DataArray:
+        """Grid ``variable`` at ``quarter`` warped to Web Mercator (see :mod:`geodbk.viewer.mercator`)."""
+        return loaders.mercator_layer(str(self.grid_path), stamp(self.grid_path), variable, quarter)
+
+    def prior_variance(self, quarter: str | None) -> np.ndarray:
+        """``(m,)`` prior variance k(x, x) at the grid cells inside the region (see
+        :func:`geodbk.viewer.cells.grid_cells_lonlat`), (log10 units)²."""
+        stamps = (stamp(self.model_path), stamp(self.grid_path))
+        return loaders.prior_variance(str(self.model_path), str(self.grid_path), stamps, quarter)
+
+    def test_tiles(self) -> pd.DataFrame:
+        """The run's test tiles with this model's predictions (:func:`geodbk.io.vectors.tile_predictions`)."""
+        stamps = (stamp(self.model_path), stamp(self.dataset_path))
+        return loaders.scored_test_tiles(str(self.model_path), str(self.dataset_path), stamps)
+
+    def region_polygons(self, polygons: Path) -> gpd.GeoDataFrame:
+        """The polygons of the file ``polygons`` that meet this run's region."""
+        stamps = (stamp(polygons), stamp(self.dataset_path))
+        return loaders.region_polygons(str(polygons), str(self.dataset_path), stamps)
+
+    def polygon_summary(self, polygons: Path, quarter: str | None) -> pd.DataFrame:
+        """Area summary of this model over the region's polygons at ``quarter``."""
+        stamps = (stamp(self.model_path), stamp(polygons), stamp(self.dataset_path))
+        return loaders.polygon_summary(str(self.model_path), str(polygons), str(self.dataset_path), stamps, quarter)
+
+    def default_reference(self) -> tuple[float, float]:
+        """(lon, lat) degrees: the grid's first saved reference point (``urban`` when present),
+        else a point inside the run's region."""
+        grid = self.grid()
+        if grid is not None and "ref_lon" in grid.coords:
+            names = [str(n) for n in grid["ref"].to_numpy()]
+            i = names.index("urban") if "urban" in names else 0
+            return float(grid["ref_lon"][i]), float(grid["ref_lat"][i])
+        centre = self.dataset().region.geometry.representative_point()
+        return float(centre.x), float(centre.y)
+
+
+@dataclass
+class Catalog:
+    """The fits found in the run folders, and why a folder was skipped."""
+
+    fits: list[Fit] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def scan(cls, runs: list[Path]) -> Catalog:
+        """Every ``models/*.pt`` of each folder with a ``dataset.parquet``, in folder then name
+        order; a folder without them becomes a line in :attr:`problems`."""
+        catalog = cls()
+        for run in runs:
+            files = RunFolder(run)
+            pattern = files.model("*")  # <run>/models/*.pt
+            models = sorted(pattern.parent.glob(pattern.name)) if run.is_dir() else []
+            if not files.dataset.exists() or not models:
+                catalog.problems.append(f"`{run}` is not a run folder (no dataset.parquet or models/*.pt)")
+                continue
+            for path in models:
+                target = str(loaders.load_model(str(path), stamp(path)).meta.get("target", "download"))
+                catalog.fits.append(Fit(run, path.stem, target))
+        return catalog
+
+    def for_target(self, target: str) -> list[Fit]:
+        """The fits that predict ``target``."""
+        return [fit for fit in self.fits if fit.target == target]
+
+    @property
+    def targets(self) -> list[str]:
+        """The targets of the fits, sorted."""
+        return sorted({fit.target for fit in self.fits})

@@ -1,0 +1,383 @@
+"""geodbk.viewer, the dashboard's logic without a browser: catalog, cells, Mercator, tiles,
+kernel-slice correlation, units, layers and tables.
+
+Most tests build small grids and frames by hand; the catalog tests read a tiny run folder
+that ``run_demo`` writes into tmp_path (two quarters, a GP and the knn baseline, ~20 s).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tokenize
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import rioxarray  # noqa: F401
+import shapely
+import xarray as xr
+
+from geodbk.prediction import Prediction, to_data_units
+from geodbk.viewer import (
+    ALL_QUARTERS,
+    LAYER_BY_KEY,
+    Catalog,
+    PointPrediction,
+    Series,
+    at_quarter,
+    change_span,
+    colour_limits,
+    correlation,
+    distance_km,
+    grid_cells_lonlat,
+    grid_quarters,
+    layer_cmap,
+    layer_label,
+    layer_options,
+    layer_variable,
+    loaders,
+    lonlat_to_mercator,
+    mercator_raster,
+    mercator_to_lonlat,
+    metrics_tables,
+    name_column,
+    observed_near,
+    on_cells,
+    outline_paths,
+    resolve_layer,
+    shown_quarter,
+    slice_at_cells,
+    summary_table,
+    tiles_geojson,
+    tiles_in_quarter,
+    with_mercator,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+QUARTERS = ["2023Q2", "2023Q3", "2023Q4"]
+
+
+def make_grid(*, per_quarter: bool = True, units: str = "Mbps", target: str = "download") -> xr.Dataset:
+    """A 3 x 4 lon/lat grid, NaN in the corner cell (0, 0) (outside the region)."""
+    x, y = np.array([-66.3, -66.2, -66.1, -66.0]), np.array([18.4, 18.3, 18.2])
+    mean = np.arange(12, dtype=np.float64).reshape(3, 4) / 10 + 1.0
+    mean[0, 0] = np.nan
+    if per_quarter:
+        cube = np.stack([mean + q for q in range(len(QUARTERS))])
+        coords = {"time": pd.PeriodIndex(QUARTERS, freq="Q").start_time, "quarter": ("time", QUARTERS), "y": y, "x": x}
+        data = {"mean": (("time", "y", "x"), cube), f"mean_{units.lower()}": (("time", "y", "x"), 10 * cube)}
+        attrs: dict = {}
+    else:
+        coords, attrs = {"y": y, "x": x}, {"quarter": "2023Q4"}
+        data = {"mean": (("y", "x"), mean)}
+    data["change"] = (("y", "x"), mean - 1.5)
+    ds = xr.Dataset(data, coords=coords, attrs={"target": target, "units": units, **attrs})
+    ds["change"].attrs.update(quarter_from="2022Q4", quarter_to="2023Q4")
+    return ds.rio.write_crs("EPSG:4326")
+
+
+# --- the one back-transform ----------------------------------------------------------------
+def _code_tokens(source: str) -> str:
+    """The source without strings and comments (docstrings may say ``10**mean``)."""
+    kept = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in (tokenize.STRING, tokenize.COMMENT):
+            kept.append(tok.string)
+    return " ".join(kept)
+
+
+def test_no_hand_written_back_transform_in_the_viewer_apps_or_notebook():
+    """geodbk.prediction.to_data_units is the one log10 -> data units back-transform."""
+    power_of_ten = re.compile(r"\b10(\.0*)?\s*\*\*|power\s*\(\s*10")
+    sources = {p: p.read_text() for p in [*(REPO / "apps").glob("*.py"), *(REPO / "geodbk" / "viewer").glob("*.py")]}
+    notebook = json.loads((REPO / "notebooks" / "spatial_analysis.ipynb").read_text())
+    for i, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] == "code":
+            sources[Path(f"notebook cell {i}")] = "".join(cell["source"]).replace("%matplotlib", "#")
+    assert len(sources) > 10
+    offenders = [str(path) for path, text in sources.items() if power_of_ten.search(_code_tokens(text))]
+    assert offenders == []
+    assert power_of_ten.search(_code_tokens("median = 10 ** mean\n"))  # the check can fail
+
+
+# --- Web Mercator ------------------------------------------------------------------------------
+@pytest.mark.parametrize("lon, lat", [(0.0, 0.0), (-66.1, 18.4), (-157.8, 21.3), (179.9, -60.0)])
+def test_mercator_round_trips(lon, lat):
+    x, y = lonlat_to_mercator(lon, lat)
+    assert mercator_to_lonlat(x, y) == pytest.approx((lon, lat), abs=1e-9)
+
+
+def test_mercator_known_values_and_frames():
+    assert lonlat_to_mercator(0.0, 0.0) == pytest.approx((0.0, 0.0), abs=1e-6)
+    assert lonlat_to_mercator(180.0, 0.0)[0] == pytest.approx(20037508.3428, abs=1e-3)
+    frame = pd.DataFrame({"lon": [-66.1, 0.0], "lat": [18.4, 0.0]})
+    out = with_mercator(frame)
+    assert list(out.columns) == ["lon", "lat", "easting", "northing"] and "easting" not in frame
+    assert (out.loc[0, "easting"], out.loc[0, "northing"]) == pytest.approx(lonlat_to_mercator(-66.1, 18.4))
+
+
+def test_outline_paths_give_every_ring_in_mercator():
+    hole = [(-66.2, 18.2), (-66.1, 18.2), (-66.1, 18.3)]
+    polygon = shapely.Polygon([(-66.5, 18.0), (-65.5, 18.0), (-65.5, 18.5), (-66.5, 18.5)], [hole])
+    rings = outline_paths(shapely.MultiPolygon([polygon, shapely.box(-67.5, 18.0, -67.0, 18.5)]))
+    assert len(rings) == 3 and all(r.ndim == 2 and r.shape[1] == 2 for r in rings)
+    assert rings[0][0] == pytest.approx(lonlat_to_mercator(-66.5, 18.0))
+    assert len(rings[1]) == 4  # the hole, closed
+
+
+def test_mercator_raster_keeps_values_and_moves_to_metres():
+    warped = mercator_raster(at_quarter(make_grid()["mean"], "2023Q4"))
+    assert warped.rio.crs is None or "spatial_ref" not in warped.coords
+    assert float(warped["x"].min()) < -7.3e6 and float(warped["y"].max()) > 2.0e6  # metres, not degrees
+    values = warped.to_numpy()
+    assert np.nanmax(values) == pytest.approx(np.nanmax(make_grid()["mean"].isel(time=-1)))
+    assert np.isnan(values).any()  # the corner outside the region stays empty
+
+
+# --- cells and quarters ------------------------------------------------------------------------
+def test_grid_quarters_of_both_layouts():
+    assert grid_quarters(make_grid()) == QUARTERS
+    assert grid_quarters(make_grid(per_quarter=False)) == ["2023Q4"]
+    assert grid_quarters(make_grid(per_quarter=False).assign_attrs(quarter=None)) == []
+    assert grid_quarters(None) == []
+
+
+def test_at_quarter_picks_the_label_else_the_last():
+    grid = make_grid()
+    assert at_quarter(grid["mean"], "2023Q3").dims == ("y", "x")
+    assert float(at_quarter(grid["mean"], "2023Q3")[1, 1]) == pytest.approx(float(grid["mean"][1, 1, 1]))
+    assert float(at_quarter(grid["mean"], "1999Q1")[1, 1]) == pytest.approx(float(grid["mean"][2, 1, 1]))
+    assert "quarter" not in at_quarter(grid["mean"], None).coords
+    flat = make_grid(per_quarter=False)["mean"]
+    xr.testing.assert_identical(at_quarter(flat, "2023Q1"), flat)
+
+
+def test_shown_quarter_and_change_span():
+    grid = make_grid()
+    assert shown_quarter(grid, "2023Q3", None) == "2023Q3"
+    assert shown_quarter(grid, "latest", None) == "2023Q4"
+    assert shown_quarter(None, "latest", "2021Q1") == "2021Q1"
+    assert change_span(grid) == "2022Q4 → 2023Q4"
+    assert change_span(xr.Dataset(attrs={"change": "2021Q1:2022Q1"})) == "2021Q1 → 2022Q1"
+
+
+def test_grid_cells_lonlat_and_on_cells():
+    grid = make_grid()
+    lonlat, inside = grid_cells_lonlat(grid)
+    assert inside.shape == (3, 4) and not inside[0, 0] and inside.sum() == 11
+    assert lonlat.shape == (11, 2)
+    assert lonlat[0] == pytest.approx((-66.2, 18.4)) and lonlat[-1] == pytest.approx((-66.0, 18.2))
+    values = on_cells(grid, inside, np.arange(11.0), "k")
+    assert values.name == "k" and values.dims == ("y", "x")
+    assert np.isnan(values[0, 0]) and float(values[2, 3]) == 10.0
+
+
+def test_grid_cells_of_a_projected_grid_are_in_degrees():
+    grid = make_grid(per_quarter=False)
+    utm = grid.rio.reproject("EPSG:32619", resolution=10_000.0, nodata=np.nan)
+    lonlat, inside = grid_cells_lonlat(utm)
+    assert inside.sum() == len(lonlat) > 0
+    assert np.all((lonlat[:, 0] > -67.0) & (lonlat[:, 0] < -65.5)) and np.all(np.abs(lonlat[:, 1] - 18.3) < 0.5)
+
+
+# --- observed tiles ----------------------------------------------------------------------------
+def tiles_frame() -> pd.DataFrame:
+    lat0 = 18.4
+    return pd.DataFrame(
+        {
+            "lon": [-66.1, -66.1, -66.1, -66.0],
+            "lat": [lat0, lat0 + 0.5 / 111.195, lat0 + 2 / 111.195, lat0],  # 0, 0.5 and 2 km north; ~10.6 km east
+            "year": [2023, 2023, 2022, 2023],
+            "quarter": [4, 3, 4, 4],
+            "value": [10.0, 20.0, 30.0, 40.0],
+            "tests": [5, 6, 7, 8],
+            "split": ["train", "test", "val", "train"],
+        }
+    )
+
+
+def test_distance_km():
+    assert distance_km(np.array([0.0]), np.array([1.0]), 0.0, 0.0)[0] == pytest.approx(111.195, rel=1e-4)
+    assert distance_km(np.array([10.0]), np.array([0.0]), 10.0, 0.0)[0] == 0.0
+    d = distance_km(np.array([-66.0, 2.0]), np.array([18.0, 50.0]), -66.5, 18.2)
+    assert d.shape == (2,) and d[0] == pytest.approx(distance_km(np.array([-66.5]), np.array([18.2]), -66.0, 18.0)[0])
+
+
+def test_observed_near_and_tiles_in_quarter():
+    frame = tiles_frame()
+    near = observed_near(frame, -66.1, 18.4)
+    assert list(near.columns) == ["quarter_start", "quarter_label", "observed_value", "tests", "split", "distance_km"]
+    assert near["observed_value"].tolist() == [10.0, 20.0]
+    assert near["quarter_label"].tolist() == ["2023Q4", "2023Q3"]
+    assert near["quarter_start"].tolist() == [pd.Timestamp("2023-10-01"), pd.Timestamp("2023-07-01")]
+    assert near["distance_km"].to_numpy() == pytest.approx([0.0, 0.5], abs=1e-3)
+    assert len(observed_near(frame, -66.1, 18.4, radius_km=3.0)) == 3
+    assert observed_near(frame, 0.0, 0.0).empty
+    assert tiles_in_quarter(frame, "2023Q4")["value"].tolist() == [10.0, 40.0]
+    assert len(tiles_in_quarter(frame, ALL_QUARTERS)) == 4
+    assert json.loads(tiles_geojson(None)) == {"type": "FeatureCollection", "features": []}
+
+
+# --- correlation -------------------------------------------------------------------------------
+class ScaledRBF:
+    """A non-stationary toy GP: k(x, y) = s(x) s(y) exp(-|x - y|² / 2), s(x) = 1 + lon²."""
+
+    @staticmethod
+    def _scale(lonlat: np.ndarray) -> np.ndarray:
+        return 1.0 + lonlat[:, 0] ** 2
+
+    def kernel_slice(self, lonlat, ref_lonlat, time=None):
+        sq = ((lonlat[:, None, :] - ref_lonlat[None, :, :]) ** 2).sum(-1)
+        return np.outer(self._scale(lonlat), self._scale(ref_lonlat)) * np.exp(-0.5 * sq)
+
+    def prior_variance(self, lonlat, time=None):
+        return self._scale(lonlat) ** 2
+
+
+def test_correlation_of_a_slice_is_one_at_its_reference_point():
+    model = ScaledRBF()
+    cells = np.random.default_rng(0).uniform(-2, 2, size=(50, 2))
+    ref = (float(cells[7, 0]), float(cells[7, 1]))
+    rho = slice_at_cells(model, cells, ref, None, "correlation")
+    assert rho.shape == (50,)
+    assert rho[7] == pytest.approx(1.0, abs=1e-12)
+    assert np.all(np.abs(rho) <= 1.0 + 1e-12)
+    expected = np.exp(-0.5 * ((cells - cells[7]) ** 2).sum(1))  # the scales cancel
+    assert rho == pytest.approx(expected, rel=1e-12)
+    covariance = slice_at_cells(model, cells, ref, None, "covariance")
+    assert covariance[7] == pytest.approx(model.prior_variance(cells[[7]])[0])
+    # a cached prior variance gives the same correlation
+    assert slice_at_cells(model, cells, ref, None, "correlation", model.prior_variance(cells)) == pytest.approx(rho)
+
+
+def test_correlation_of_several_slices_and_a_vanishing_variance():
+    model = ScaledRBF()
+    cells = np.array([[0.0, 0.0], [1.0, 0.0], [2.0, 1.0]])
+    k = model.kernel_slice(cells, cells[:2])
+    rho = correlation(k, model.prior_variance(cells), model.prior_variance(cells[:2]))
+    assert rho.shape == (3, 2) and np.diag(rho[:2]) == pytest.approx([1.0, 1.0])
+    assert rho[:, 1] == pytest.approx(correlation(k[:, 1], model.prior_variance(cells), 4.0))
+    assert np.isfinite(correlation(np.array([0.0]), np.array([0.0]), 0.0)).all()
+
+
+# --- units -------------------------------------------------------------------------------------
+def test_point_prediction_and_series_use_the_one_back_transform():
+    prediction = Prediction(np.array([1.2, 1.5]), np.array([0.1, 0.3]))
+    point = PointPrediction.from_prediction(prediction, 1)
+    median, lower, upper = to_data_units(1.5, 0.3)
+    assert (point.median, point.lower, point.upper) == pytest.approx((median, lower, upper))
+    assert point.median == pytest.approx(10**1.5)  # the back-transform itself is tested here, once
+    assert (point.mean, point.sd, point.pi_width) == pytest.approx((1.5, 0.3, float(prediction.pi_width[1])))
+    assert (point.log_lower, point.log_upper) == pytest.approx((prediction.lower[1], prediction.upper[1]))
+    series = Series.from_predictions(["2023Q3", "2023Q4"], [prediction.subset(np.array([i])) for i in range(2)])
+    expected = to_data_units(prediction.mean, prediction.sd)
+    for got, want in zip((series.median, series.lower, series.upper), expected, strict=True):
+        assert got == pytest.approx(want)
+    assert series.quarters == ["2023Q3", "2023Q4"]
+
+
+# --- layers ------------------------------------------------------------------------------------
+def test_layer_variables_labels_and_colours():
+    grid = make_grid()
+    assert layer_variable(LAYER_BY_KEY["median"], grid) == "mean_mbps"
+    assert layer_variable(LAYER_BY_KEY["change_units"], make_grid(units="ms", target="latency")) == "change_ms"
+    assert layer_options(grid) == {"Predictive median": "median", "Change (log10)": "change"}
+    assert layer_options(None) == {"Predictive median": "median"}
+    assert resolve_layer("sd", grid).key == "median" and resolve_layer("change", grid).key == "change"
+    with_p = grid.assign(p_below=grid["mean"] * 0).assign_attrs(threshold=35.0)
+    assert layer_label(LAYER_BY_KEY["p_below"], with_p) == "P(download < 35 Mbps)"
+    latency = make_grid(units="ms", target="latency")
+    assert layer_label(LAYER_BY_KEY["p_increase"], latency) == "P(increase)"
+    assert layer_label(LAYER_BY_KEY["p_increase"], grid) == "P(improvement)"
+    assert layer_cmap(LAYER_BY_KEY["change"], latency) == "RdBu_r"
+    assert layer_cmap(LAYER_BY_KEY["change"], grid) == "RdBu"
+
+
+def test_colour_limits():
+    values = np.concatenate([np.arange(101.0), [np.nan]])
+    assert colour_limits(values, LAYER_BY_KEY["median"]) == (0.0, 100.0, (2.0, 98.0))
+    assert colour_limits(values, LAYER_BY_KEY["p_below"]) == (0.0, 1.0, (0.0, 1.0))
+    start, end, (low, high) = colour_limits(values - 80, LAYER_BY_KEY["change"])
+    assert (start, end) == (-80.0, 80.0) and low == -high and 0 < high < 80
+    assert colour_limits(np.full(4, np.nan), LAYER_BY_KEY["sd"]) is None
+
+
+# --- tables ------------------------------------------------------------------------------------
+def test_summary_and_metrics_tables(tmp_path):
+    summary = pd.DataFrame(
+        {"GEOID": ["1", "2"], "median_mbps": [40.04, 12.34], "lower_mbps": [20.0, 5.0], "upper_mbps": [80.0, 30.0],
+         "cells": [3, 4], "extra": [0, 0]}
+    )
+    table = summary_table(summary, "Mbps")
+    assert list(table.columns) == ["GEOID", "median_mbps", "lower_mbps", "upper_mbps", "cells"]
+    assert table["median_mbps"].tolist() == [12.3, 40.0]  # slowest first, one decimal
+    assert name_column(summary) == "GEOID" and name_column(summary.drop(columns="GEOID")) is None
+    path = tmp_path / "metrics.csv"
+    pd.DataFrame({"model": ["a", "a", "b"], "group": ["all", "urban", "all"], "nll": [0.12345, 0.2, 0.3]}).to_csv(path)
+    mine, everything = metrics_tables(path, "a")
+    assert len(mine) == 2 and len(everything) == 3 and mine["nll"].iloc[0] == 0.123
+    assert metrics_tables(path, "zzz")[0].empty
+
+
+# --- the catalog over a real run folder --------------------------------------------------------
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory) -> Path:
+    from geodbk.workflow import DemoConfig, run_demo
+
+    run = tmp_path_factory.mktemp("viewer") / "run"
+    config = DemoConfig(quarters=QUARTERS[1:], models=("dbk-rbf", "knn"), epochs=1, resolution=0.05, device="cpu",
+                        progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the knn baseline extrapolates at a few coastal cells
+        run_demo(run, config, echo=lambda line: None)
+    return run
+
+
+def test_catalog_finds_the_fits_of_a_run_folder(run_folder, tmp_path):
+    (tmp_path / "empty").mkdir()
+    catalog = Catalog.scan([run_folder, tmp_path / "empty", tmp_path / "missing"])
+    assert [(f.kind, f.target) for f in catalog.fits] == [("dbk-rbf", "download"), ("knn", "download")]
+    assert len(catalog.problems) == 2 and "empty" in catalog.problems[0] and "missing" in catalog.problems[1]
+    assert catalog.targets == ["download"] and catalog.for_target("latency") == []
+    fit = catalog.fits[0]
+    assert fit.label == "dbk-rbf (run, download)"
+    for path in (fit.model_path, fit.grid_path, fit.geotiff_path, fit.test_tiles_path, fit.dataset_path):
+        assert path.exists(), path
+    assert grid_quarters(fit.grid()) == QUARTERS[1:]
+    assert fit.dataset().quarters == QUARTERS[1:]
+    assert {"pi_width", "urban_rural"} <= set(fit.test_tiles().columns)
+    assert fit.mercator_layer("mean", "2023Q3").dims == ("y", "x")
+
+
+def test_readers_are_cached_until_the_file_changes(run_folder):
+    fit = Catalog.scan([run_folder]).fits[0]
+    assert fit.model() is fit.model() and fit.grid() is fit.grid()
+    before = fit.grid()
+    stamp = loaders.stamp(fit.grid_path)
+    os.utime(fit.grid_path, (stamp + 10, stamp + 10))
+    assert fit.grid() is not before
+    xr.testing.assert_identical(fit.grid(), before)
+
+
+def test_real_gp_slice_correlation_and_reference(run_folder):
+    fit = Catalog.scan([run_folder]).for_target("download")[0]
+    model, grid = fit.model(), fit.grid()
+    lon, lat = fit.default_reference()
+    assert fit.dataset().region.geometry.buffer(0.05).contains(shapely.Point(lon, lat))
+    lonlat, inside = grid_cells_lonlat(grid)
+    var_x = fit.prior_variance("2023Q4")
+    assert var_x.shape == (len(lonlat),) and np.all(var_x > 0)
+    cells = np.vstack([lonlat, [[lon, lat]]])
+    rho = slice_at_cells(model, cells, (lon, lat), "2023Q4", "correlation")
+    assert rho[-1] == pytest.approx(1.0, abs=1e-5)
+    assert np.all(np.abs(rho) <= 1.0 + 1e-5)
+    cached = slice_at_cells(model, lonlat, (lon, lat), "2023Q4", "correlation", var_x)
+    assert cached == pytest.approx(rho[:-1], rel=1e-6, abs=1e-9)
+    point = PointPrediction.from_prediction(model.predict(np.array([[lon, lat]]), "2023Q4"))
+    assert (point.median, point.lower, point.upper) == pytest.approx(to_data_units(point.mean, point.sd))
+    assert point.lower < point.median < point.upper
