@@ -43,6 +43,7 @@ _EXPORTS = {
     "to_data_units": "geodbk.prediction",
     "Regressor": "geodbk.fit.regressor",
     "GeoModel": "geodbk.fit.geomodel",
+    "DBKRegressor": "geodbk.fit.estimator",
     "fit_dataset": "geodbk.fit.geomodel",
     "evaluate": "geodbk.fit.metrics",
     "ExtrapolationWarning": "geodbk.errors",
@@ -66,12 +67,19 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+#: Modules that make, read or write grid datasets: resolving a name from one of them also
+#: imports geodbk.io.accessor, which registers the ``.dbk`` accessor on xarray datasets
+#: (``import geodbk`` alone stays free of xarray).
+_GRID_MODULES = ("geodbk.maps.", "geodbk.io.", "geodbk.fit.geomodel", "geodbk.workflow")
+
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'geodbk' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
+    if module.startswith(_GRID_MODULES):
+        importlib.import_module("geodbk.io.accessor")
     globals()[name] = value
     return value
 

@@ -68,7 +68,8 @@ class SpatialPredictor(Protocol):
     nearest training tile (needed for ``max_distance`` only).
     """
 
-    has_kernel: bool
+    @property
+    def has_kernel(self) -> bool: ...
 
     def predict(self, lonlat: np.ndarray, time: str | None = None) -> Any: ...
 
