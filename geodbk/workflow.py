@@ -7,31 +7,37 @@ The defaults are sized to finish in a few minutes on 2 CPU cores (h = 64, r = 12
 CPU preset :data:`geodbk.models.config.CPU` of ``geodbk fit``); ``paper_size=True``
 switches to the paper's h = 256, r = 1024 and 400 epochs at lr 1e-3 (a GPU job). Explicit
 ``epochs`` / ``lr`` win over either schedule.
+
+A run folder appears whole or not at all: :func:`run_demo` fills a hidden temporary folder
+beside the target and swaps it in when every file is written (:func:`geodbk.fileio.atomic_dir`),
+so a crash midway leaves the previous run folder (or nothing) for the dashboard to open, never
+a half run. The swap replaces the previous run folder as a whole, and only a folder that is
+empty or already a run folder (:meth:`RunFolder.looks_like_run`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from geodbk.dataset.inputs import parse_quarter_label
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError
+from geodbk.fileio import atomic_dir
+from geodbk.fit.geomodel import GeoModel, fit_dataset, map_model_config
+from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
 from geodbk.io.geotiff import write_geotiff
 from geodbk.io.vectors import write_tile_predictions
-from geodbk.fit.geomodel import GeoModel, fit_dataset, map_model_config
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.reference import reference_points
-from geodbk.dataset.inputs import parse_quarter_label
-from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
-from geodbk.models.config import ModelConfig
 from geodbk.maps.thresholds import DEFAULT
-from geodbk.models.config import RunPreset, TrainConfig, run_preset
+from geodbk.models.config import ModelConfig, RunPreset, TrainConfig, run_preset
 
 #: Model kinds the demo fits by default: the headline DBK, the SVGP baseline on the same deep
 #: features and the k-nearest-tiles baseline every GP row has to beat (sv-rbf and the rest
@@ -72,6 +78,17 @@ class RunFolder:
     def test_tiles(self, kind: str) -> Path:
         """``<run>/maps/<kind>_test_tiles.geojson``: test tiles with the model's predictions."""
         return self.root / "maps" / f"{kind}_test_tiles.geojson"
+
+    def looks_like_run(self) -> bool:
+        """Whether :attr:`root` is missing, an empty folder, or holds only run-folder entries
+        (``dataset.parquet``, ``metrics.*``, ``models/``, ``maps/``, hidden files): what
+        :func:`run_demo` may replace as a whole."""
+        if not self.root.exists():
+            return True
+        if not self.root.is_dir():
+            return False
+        known = {self.dataset.name, self.metrics_csv.name, self.metrics_json.name, "models", "maps"}
+        return all(entry.name in known or entry.name.startswith(".") for entry in self.root.iterdir())
 
 
 @dataclass
@@ -185,26 +202,46 @@ def run_demo(
     *,
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
-    """Run the whole job and write the run folder ``out_dir``.
+    """Run the whole job and write the run folder ``out_dir``, atomically.
 
     Writes ``dataset.parquet``, ``models/<kind>.pt``, ``metrics.csv`` / ``metrics.json``
     (long table: model, group, n, MAE, NLL, CRPS, coverage95, pi_width on the test split)
     and, per kind, ``maps/<kind>.nc`` (mean, sd, pi_width, data-unit bounds and kernel slices
     at an urban, a rural and a wildland reference point), ``maps/<kind>.tif`` and
     ``maps/<kind>_test_tiles.geojson``. ``echo`` receives the dataset summary, the metrics
-    table and one line per file.
+    table and one line per file (named by its final path).
+
+    The files are written into a hidden temporary folder beside ``out_dir`` that replaces
+    ``out_dir`` as a whole when all are written; on any failure it is removed and ``out_dir``
+    is left as it was.
+
+    Raises:
+        InputDataError: no model kinds, or ``out_dir`` holds something other than a run
+            folder (which the swap would delete).
     """
     cfg = config or DemoConfig()
     if not cfg.models:
         raise InputDataError("no model kinds to fit")
-    run = RunFolder(Path(out_dir))
-    run.root.mkdir(parents=True, exist_ok=True)
+    final = RunFolder(Path(out_dir))
+    if not final.looks_like_run():
+        raise InputDataError(
+            f"{final.root} exists and is not a run folder; the demo replaces its output folder as a whole, "
+            "so give a new or empty folder"
+        )
+    with atomic_dir(final.root) as staging:
+        result = _run_demo_into(RunFolder(staging), final, cfg, echo)
+    return result
+
+
+def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Callable[[str], None]) -> DemoResult:
+    """The body of :func:`run_demo`: write every file into ``run`` (the staging folder), naming
+    them by their place in ``final``; the result refers to ``final``."""
     seconds: dict[str, float] = {}
     files: list[Path] = []
 
     def wrote(path: Path) -> None:
-        files.append(path)
-        echo(f"wrote {path}")
+        files.append(final.root / path.relative_to(run.root))
+        echo(f"wrote {files[-1]}")
 
     t0 = time.perf_counter()
     dataset = load_sample_dataset(
@@ -244,11 +281,13 @@ def run_demo(
     change = cfg.change or (default_change(quarters) if quarters and len(quarters) > 1 else None)
     echo(f"map grid: {grid.height} x {grid.width} cells of {cfg.resolution} in {grid.crs.to_string()}, "
          f"quarters {_describe(mapped)}" + (f", change {change[0]} -> {change[1]}" if change else "")
-         + "; kernel slices at " + ", ".join(f"{k} ({lon:.3f}, {lat:.3f})" for k, (lon, lat) in refs.items()))
-    for kind, model in models.items():
+         + "; kernel slices (GP kinds) at "
+         + ", ".join(f"{k} ({lon:.3f}, {lat:.3f})" for k, (lon, lat) in refs.items()))
+    for kind, model in models.items():  # kernel-free kinds (knn, dnn) get no kernel slices or change layers
         t0 = time.perf_counter()
         grid_ds = predict_grid(
-            model, grid, refs=refs, time=mapped, change=change if model.has_kernel else None,
+            model, grid, refs=refs if model.has_kernel else None, time=mapped,
+            change=change if model.has_kernel else None,
             threshold=cfg.threshold if cfg.threshold is not None else DEFAULT,
             max_distance=cfg.max_distance, store=run.map_netcdf(kind), progress=cfg.progress,
         )
@@ -258,7 +297,7 @@ def run_demo(
         grid_ds.close()
         wrote(write_tile_predictions(model, dataset, run.test_tiles(kind)))
         seconds[f"maps {kind}"] = time.perf_counter() - t0
-    return DemoResult(run, dataset, models, table, refs, files, seconds)
+    return DemoResult(final, dataset, models, table, refs, files, seconds)
 
 
 __all__ = ["DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "default_change", "evaluate_on_test", "run_demo"]

@@ -324,7 +324,7 @@ def test_cli_fit_then_predict_warns_and_rejects_bad_quarters(small_pr_file, tmp_
 
     model = str(run / "models" / "knn.pt")
     rc = main(["predict", "--model", model, "--quarter", "2030Q1", "--resolution", "0.05",
-               "--out", str(tmp_path / "future.nc"), "--no-progress"])
+               "--out", str(tmp_path / "future.nc"), "--no-progress", "--allow-extrapolation"])
     err = capsys.readouterr().err
     assert rc == 0 and (tmp_path / "future.nc").exists()
     warned = [line for line in err.splitlines() if "warning:" in line]

@@ -139,3 +139,22 @@ def test_demo_rejects_empty_model_list(tmp_path) -> None:
     with pytest.raises(InputDataError):
         run_demo(tmp_path, DemoConfig(models=()))
     assert RunFolder(tmp_path).dataset.name == "dataset.parquet"
+
+
+def test_demo_with_a_kernel_free_kind_maps_without_kernel_or_change_layers(tmp_path) -> None:
+    """``geodbk demo --models dnn``: the demo draws kernel slices and change layers for GP kinds
+    only (it asks ``has_kernel``), so a dnn run finishes with its maps and none of those layers."""
+    config = DemoConfig(quarters=["2023Q3", "2023Q4"], models=("dnn",), epochs=1, resolution=0.05, progress=False,
+                        device="cpu")
+    result = run_demo(tmp_path / "dnn-run", config, echo=lambda line: None)
+    run = result.run
+    assert not result.models["dnn"].has_kernel
+    for path in (run.dataset, run.metrics_csv, run.model("dnn"), run.map_netcdf("dnn"), run.map_geotiff("dnn"),
+                 run.test_tiles("dnn")):
+        assert path.is_file() and path.stat().st_size > 0, path
+    ds = open_grid(run.map_netcdf("dnn")).load()
+    assert ds["mean"].dims == ("time", "y", "x") and np.isfinite(ds["mean"].values).any()
+    assert "kernel_slice" not in ds and "ref" not in ds.coords
+    assert not {"change", "change_sd", "p_increase"} & set(ds.data_vars)
+    with rasterio.open(run.map_geotiff("dnn")) as src:
+        assert not any("kernel" in (d or "") for d in src.descriptions)

@@ -17,17 +17,25 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+import pyproj
+import shapely
 import torch
+import xarray as xr
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time, quarter_years
+from geodbk.dataset.inputs import QUARTER_YEARS, InputSpace, TimeLike, parse_time, quarter_label, quarter_years
 from geodbk.models.config import ModelConfig
 from geodbk.prediction import ChangePrediction, Prediction
+from geodbk.fit.domain import DomainReport
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
 from geodbk.fit.train import fit_arrays
+from geodbk.ingest.quadkey import OOKLA_ZOOM
+from geodbk.ingest.regions import Region
+from geodbk.maps.geometry import RegionLike
+from geodbk.maps.predict import predict_region
 from geodbk.models.config import TrainConfig
 
 #: Positional-encoding wavelengths of the space-time protocol: the shortest, metres, and how
@@ -43,7 +51,6 @@ ENCODING_SCALES = 8
 MAP_NOISE_INIT = 0.3
 
 _FORMAT = "geodbk.fit.geomodel/2"
-
 
 def map_model_config(protocol: str = "space-time", **overrides: Any) -> ModelConfig:
     """The model settings of a protocol, every kind starting from noise :data:`MAP_NOISE_INIT`:
@@ -71,7 +78,8 @@ class GeoModel:
     Attributes:
         regressor: the fitted model on the input space's coordinates.
         inputs: lon/lat (+ quarter) -> model inputs, and the fitted domain.
-        meta: JSON-able facts: target, units, region, kind, quarters, protocol, split.
+        meta: JSON-able facts: target, units, region (its name; ``region_wkb_hex`` its
+            polygon, see :meth:`fitted_region`), kind, quarters, protocol, split.
         support: (m, 2) lon/lat degrees of the distinct training tiles (for
             :meth:`distance_to_data`), or ``None``.
         residuals: the local residual field added to the regressor's predictions, or ``None``.
@@ -97,6 +105,24 @@ class GeoModel:
     def latest_quarter(self) -> str | None:
         """The last fitted quarter (the default of every ``time`` argument), or None if time-free."""
         return self.inputs.latest
+
+    def domain_report(self, lonlat: np.ndarray, times: Sequence[TimeLike] = (None,)) -> DomainReport:
+        """How far ``lonlat`` (n, 2) degrees (e.g. a sample of a map's cells) at each quarter of
+        ``times`` (as in :meth:`features`; None = the latest fitted) leave the fitted domain.
+        Quarters are ignored by a time-free model."""
+        lonlat = _lonlat(lonlat, "lonlat")
+        outside = float(self.inputs.coords.outside(lonlat).mean()) if len(lonlat) else 0.0
+        after = before = 0.0
+        fitted = "time-free inputs"
+        axis = self.inputs.time
+        if axis is not None:
+            years = np.concatenate([np.atleast_1d(self.inputs.years(when, 1)) for when in times] or [[axis.last]])
+            after = max(0.0, float(years.max() - axis.last) / QUARTER_YEARS)
+            before = max(0.0, float(axis.first - years.min()) / QUARTER_YEARS)
+            first, last = quarter_label(axis.first), quarter_label(axis.last)
+            fitted = last if first == last else f"{first}-{last}"
+        region = self.meta.get("region")
+        return DomainReport(self.kind, outside, after, before, f"{region} {fitted}" if region else fitted)
 
     def features(self, lonlat: np.ndarray, time: TimeLike = None, *, name: str = "lonlat") -> np.ndarray:
         """Model inputs (n, d) for ``lonlat`` (n, 2) degrees at ``time``; warns when extrapolating.
@@ -268,6 +294,49 @@ class GeoModel:
         distance, _ = tree.query(projection.to_metres(_lonlat(lonlat, "lonlat")))
         return distance
 
+    def fitted_region(self) -> Region:
+        """The lon/lat region the model was fitted on, the default of :meth:`grid`.
+
+        The dataset's region polygon, stored at fit time in ``meta["region_wkb_hex"]``; for a
+        model file written before that, the bounding box of the training tile centres grown
+        by half a zoom-16 tile (an antimeridian-crossing region then gets a box around the world).
+
+        Raises:
+            InputDataError: for a model saved with neither (give :meth:`grid` a region).
+        """
+        name = str(self.meta.get("region", "fitted region"))
+        if "region_wkb_hex" in self.meta:
+            return Region(name, shapely.from_wkb(self.meta["region_wkb_hex"]))
+        if self.support is None or len(self.support) == 0:
+            raise InputDataError(f"the {self.kind} model was saved without its region or training tiles; give a region")
+        half_tile = 180.0 / 2**OOKLA_ZOOM  # degrees of longitude
+        west, south = self.support.min(axis=0) - half_tile
+        east, north = self.support.max(axis=0) + half_tile
+        return Region(name, shapely.box(west, south, east, north))
+
+    def grid(
+        self,
+        resolution: float | str,
+        region: RegionLike | None = None,
+        quarter: str | Sequence[str] | None = None,
+        *,
+        crs: str | int | pyproj.CRS | None = None,
+        **kwargs: Any,
+    ) -> xr.Dataset:
+        """Map the model on a regular grid, by default over its :meth:`fitted_region` (verde's ``grid``).
+
+        ``resolution``: cell side in the grid CRS units (degrees by default), or ``"500m"``,
+        ``"2km"``, ``"0.01deg"``. ``region``: a Region, lon/lat ``(west, south, east, north)``
+        bbox or lon/lat shapely geometry; cells outside it are NaN. ``quarter``: ``"2023Q4"``
+        (default the latest fitted), or a list of quarters for a ``time`` dimension. ``crs``:
+        default EPSG:4326, or the region's UTM zone for a resolution in metres. ``kwargs`` go to
+        :func:`geodbk.maps.predict.predict_grid` (``refs``, ``change``, ``threshold``,
+        ``max_distance``, ``chunk_rows``, ``store``, ``progress``), whose dataset is returned:
+        float32 layers of dims ``(y, x)`` or ``(time, y, x)``, CRS in ``spatial_ref``.
+        """
+        target = self.fitted_region() if region is None else region
+        return predict_region(self, target, resolution, crs=crs, time=quarter, **kwargs)
+
     def save(self, path: str | Path) -> None:
         """Write the model, input space, meta and training tile locations to one torch file."""
         payload = {
@@ -355,6 +424,7 @@ def fit_dataset(
         "units": dataset.units,
         "service": str(dataset.frame["service"].iloc[0]) if len(dataset.frame) else "mobile",
         "region": dataset.region.name,
+        "region_wkb_hex": shapely.to_wkb(dataset.region.geometry, hex=True),
         "quarters": dataset.quarters,
         "protocol": protocol,
         "split": dataset.split_protocol,

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.special import erf
 
 from geodbk.errors import InputDataError
+from geodbk.fileio import atomic_path
 from geodbk.prediction import Z95, Prediction
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
@@ -118,10 +119,11 @@ def format_metrics_table(table: pd.DataFrame) -> str:
 
 
 def save_metrics(table: pd.DataFrame, run_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``metrics.csv`` and ``metrics.json`` (list of records) into ``run_dir``."""
+    """Write ``metrics.csv`` and ``metrics.json`` (list of records) into ``run_dir``, each atomically."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = run_dir / "metrics.csv", run_dir / "metrics.json"
-    table.to_csv(csv_path, index=False)
-    json_path.write_text(json.dumps(table.to_dict(orient="records"), indent=2))
+    with atomic_path(csv_path) as tmp:
+        table.to_csv(tmp, index=False)
+    with atomic_path(json_path) as tmp:
+        tmp.write_text(json.dumps(table.to_dict(orient="records"), indent=2))
     return csv_path, json_path

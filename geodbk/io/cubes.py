@@ -1,4 +1,9 @@
-"""The whole grid dataset as NetCDF-4 or Zarr, CRS included; read back with :func:`geodbk.maps.stores.open_grid`."""
+"""The whole grid dataset as NetCDF-4 or Zarr, CRS included; read back with :func:`geodbk.maps.stores.open_grid`.
+
+Both writers are atomic (:mod:`geodbk.fileio`): the output is written to a hidden temporary
+beside the target and renamed into place when complete, so a failure leaves an older file or
+store at the target as it was.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +12,32 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from geodbk.fileio import atomic_dir, atomic_path
+
 
 def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
     """Write the whole grid dataset to NetCDF-4 (zlib-compressed float32, CRS in ``spatial_ref``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     encoding = {}
     for name in ds.data_vars:
         enc = {k: v for k, v in ds[name].encoding.items() if k == "grid_mapping"}
         if np.issubdtype(ds[name].dtype, np.floating):
             enc.update(zlib=True, complevel=4, _FillValue=np.float32(np.nan))
         encoding[name] = enc
-    ds.to_netcdf(path, mode="w", engine="netcdf4", encoding=encoding)
+    with atomic_path(path) as tmp:
+        ds.to_netcdf(tmp, mode="w", engine="netcdf4", encoding=encoding)
     return path
 
 
 def write_zarr(ds: xr.Dataset, path: str | Path) -> Path:
     """Write the whole grid dataset to a Zarr store (a folder), replacing one that is there."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     clean = ds.copy()
     for name in clean.variables:
         grid_mapping = clean[name].encoding.get("grid_mapping")
         clean[name].encoding = {"grid_mapping": grid_mapping} if grid_mapping else {}
-    clean.to_zarr(path, mode="w", consolidated=False)
+    with atomic_dir(path) as tmp:
+        clean.to_zarr(tmp, mode="w", consolidated=False)
     return path
 
 

@@ -10,6 +10,7 @@ import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
 from geodbk.errors import InputDataError
+from geodbk.fileio import atomic_path
 
 #: Nodata value written to GeoTIFFs (float32 bands); cells outside the region get it.
 GEOTIFF_NODATA = -9999.0
@@ -94,12 +95,11 @@ def write_geotiff(
         GDAL compression.
 
     Returns the path. Band descriptions are the variable names; each band also carries
-    ``name`` and ``units`` tags.
+    ``name`` and ``units`` tags. The file is written atomically (:func:`geodbk.fileio.atomic_path`).
     """
     if ds.rio.crs is None:
         raise InputDataError("grid has no CRS (spatial_ref); build it with geodbk.maps.predict.predict_grid")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     bands = geotiff_bands(ds, variables)
     bands = bands.where(np.isfinite(bands), nodata)
     # inplace: rioxarray's default is a deep copy of every band
@@ -107,14 +107,15 @@ def write_geotiff(
     bands.rio.write_crs(ds.rio.crs, inplace=True)
     bands.rio.write_transform(ds.rio.transform(), inplace=True)
     options = {"compress": compress}
-    if cog:
-        bands.rio.to_raster(
-            path, driver="COG", overview_resampling="average", blocksize=256, recalc_transform=False, **options
-        )
-    else:
-        bands.rio.to_raster(
-            path, driver="GTiff", tiled=True, blockxsize=256, blockysize=256, recalc_transform=False, **options
-        )
+    with atomic_path(path) as tmp:
+        if cog:
+            bands.rio.to_raster(
+                tmp, driver="COG", overview_resampling="average", blocksize=256, recalc_transform=False, **options
+            )
+        else:
+            bands.rio.to_raster(
+                tmp, driver="GTiff", tiled=True, blockxsize=256, blockysize=256, recalc_transform=False, **options
+            )
     return path
 
 

@@ -9,6 +9,7 @@ import geopandas as gpd
 import numpy as np
 
 from geodbk.errors import InputDataError
+from geodbk.fileio import atomic_path
 from geodbk.prediction import Z95, to_data_units
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.fit.geomodel import GeoModel
 
 
-def tile_predictions(model: "GeoModel", dataset: "SpatialDataset", *, split: str = "test") -> gpd.GeoDataFrame:
+def tile_predictions(model: GeoModel, dataset: SpatialDataset, *, split: str = "test") -> gpd.GeoDataFrame:
     """The tiles of one split of ``dataset`` with ``model``'s predictions, one row per (tile, quarter).
 
     Each row is predicted at its own quarter, as a new measurement with its own number of
@@ -52,23 +53,24 @@ def tile_predictions(model: "GeoModel", dataset: "SpatialDataset", *, split: str
     out["pi_width"] = upper - lower
     out[f"mean_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd)
     out["inside_pi"] = (y >= lower) & (y <= upper)
-    return gpd.GeoDataFrame(out.reset_index(drop=True), geometry=tiles.geometry.to_numpy(), crs=tiles.crs or "EPSG:4326")
+    geometry = tiles.geometry.to_numpy()
+    return gpd.GeoDataFrame(out.reset_index(drop=True), geometry=geometry, crs=tiles.crs or "EPSG:4326")
 
 
 def write_tile_predictions(
-    model: "GeoModel", dataset: "SpatialDataset", path: str | Path, *, split: str = "test"
+    model: GeoModel, dataset: SpatialDataset, path: str | Path, *, split: str = "test"
 ) -> Path:
-    """Write :func:`tile_predictions` to ``*.geojson`` (GeoJSON) or ``*.parquet`` (GeoParquet)."""
+    """Write :func:`tile_predictions` to ``*.geojson`` (GeoJSON) or ``*.parquet`` (GeoParquet), atomically."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".geojson", ".json", ".parquet", ".geoparquet"):
         raise InputDataError(f"test tiles go to .geojson or .parquet, got {path.name}")
     frame = tile_predictions(model, dataset, split=split)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix in (".geojson", ".json"):
-        frame.to_file(path, driver="GeoJSON", engine="pyogrio")
-    else:
-        frame.to_parquet(path)
+    with atomic_path(path) as tmp:
+        if suffix in (".geojson", ".json"):
+            frame.to_file(tmp, driver="GeoJSON", engine="pyogrio")
+        else:
+            frame.to_parquet(tmp)
     return path
 
 

@@ -15,8 +15,9 @@ quarters, not on the grid size.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Sequence, Mapping
+from typing import Any
 
 import numpy as np
 import pyproj
@@ -74,7 +75,10 @@ def predict_grid(
         quarters). Peak memory grows with this, not with the grid size, when ``store`` is given.
     store
         Write blocks straight into this Zarr (``*.zarr``) or NetCDF (``*.nc``) store and
-        return it opened lazily; without it the result is built in memory.
+        return it opened lazily; without it the result is built in memory. The store is
+        written atomically: blocks go to a hidden temporary beside it that is renamed into
+        place at the end (:mod:`geodbk.fileio`); on any failure it is removed and an older
+        store at the path is left as it was.
     progress
         Show a tqdm bar over blocks.
 
@@ -94,14 +98,15 @@ def predict_grid(
     rows_per_block = min(rows_per_block, grid.height)
     if max_distance is not None and not max_distance > 0:
         raise InputDataError(f"max_distance must be positive metres, got {max_distance}")
-    template_args = {"lazy": store is not None, "chunk_rows": rows_per_block, "max_distance": max_distance}
+    template_args: dict[str, Any] = {
+        "lazy": store is not None, "chunk_rows": rows_per_block, "max_distance": max_distance,
+    }
     if store is None:
         sink: Any = MemorySink(grid_template(grid, model, layers, **template_args))
     else:
         path = Path(store)
         if path.suffix not in (".zarr", ".nc", ".nc4"):
             raise InputDataError(f"store must end in .zarr or .nc, got {path.name}")
-        path.parent.mkdir(parents=True, exist_ok=True)
         template = grid_template(grid, model, layers, **template_args)
         sink = ZarrSink(template, path) if path.suffix == ".zarr" else NetCDFSink(template, path)
 
@@ -118,8 +123,9 @@ def predict_grid(
                 if not issubclass(w.category, ExtrapolationWarning):
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             sink.write(rows, block)
-    except BaseException:
-        sink.close()
+        finished = sink.finish()
+    except BaseException:  # KeyboardInterrupt too: drop the staged store, keep an older one
+        sink.abort()
         raise
     if extrapolating:
         warnings.warn(
@@ -127,7 +133,7 @@ def predict_grid(
             ExtrapolationWarning,
             stacklevel=2,
         )
-    return sink.finish()
+    return finished
 
 
 def _predict_block(

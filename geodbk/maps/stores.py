@@ -3,25 +3,37 @@
 Grids are streamed block by block (:func:`geodbk.maps.predict.predict_grid`), so the
 streaming writers live with the gridding engine; :mod:`geodbk.io` holds the writers of a
 finished dataset (GeoTIFF/COG, NetCDF, Zarr) and the vector formats.
+
+The file sinks stream into a hidden temporary beside the target
+(:class:`geodbk.fileio.StagedPath`) and rename it into place in :meth:`BlockSink.finish`;
+:meth:`BlockSink.abort` removes it, so a failed or interrupted prediction never leaves a
+partial grid at the target, and an older grid there stays as it was.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Protocol
+from typing import Protocol
 
 import numpy as np
 import xarray as xr
 
 from geodbk.errors import InputDataError
+from geodbk.fileio import StagedPath
 
 
 class BlockSink(Protocol):
-    """Receives row blocks of a grid and hands back the finished dataset."""
+    """Receives row blocks of a grid and hands back the finished dataset.
+
+    ``write`` gets the float32 values of grid rows ``rows`` per variable, each shaped
+    ``(..., n_rows, width)``; ``finish`` completes the output and returns it; ``abort``
+    (after a failure) drops whatever was written.
+    """
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None: ...
 
-    def close(self) -> None: ...
+    def abort(self) -> None: ...
 
     def finish(self) -> xr.Dataset: ...
 
@@ -32,6 +44,8 @@ def _rows_index(ndim: int, rows: slice) -> tuple[slice, ...]:
 
 
 class MemorySink:
+    """Fills the preallocated arrays of an in-memory template."""
+
     def __init__(self, template: xr.Dataset) -> None:
         self.ds = template
 
@@ -39,60 +53,87 @@ class MemorySink:
         for name, values in block.items():
             self.ds[name].values[_rows_index(values.ndim, rows)] = values
 
-    def close(self) -> None:
-        """Nothing to release."""
+    def abort(self) -> None:
+        """Nothing to release or remove."""
 
     def finish(self) -> xr.Dataset:
         return self.ds
 
 
 class ZarrSink:
+    """Streams row blocks into a Zarr store (a folder) staged beside ``path``, swapped in by :meth:`finish`."""
+
     def __init__(self, template: xr.Dataset, path: Path) -> None:
-        self.path = path
+        self.staged = StagedPath.beside(path, directory=True)
         self.dims = {name: template[name].dims for name in template.data_vars}
         encoding = {
             name: {**template[name].encoding, "chunks": template[name].data.chunksize} for name in template.data_vars
         }
-        template.to_zarr(path, mode="w", compute=False, encoding=encoding, consolidated=False)
+        try:
+            template.to_zarr(self.staged.tmp, mode="w", compute=False, encoding=encoding, consolidated=False)
+        except BaseException:
+            self.abort()
+            raise
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
         data_vars = {name: (self.dims[name], values) for name, values in block.items()}
-        xr.Dataset(data_vars).to_zarr(self.path, region={"y": rows}, mode="r+", consolidated=False)
+        xr.Dataset(data_vars).to_zarr(self.staged.tmp, region={"y": rows}, mode="r+", consolidated=False)
 
-    def close(self) -> None:
-        """Nothing to release: every block is written when it arrives."""
+    def abort(self) -> None:
+        """Remove the staged store."""
+        self.staged.discard()
 
     def finish(self) -> xr.Dataset:
-        return open_grid(self.path)
+        """Swap the complete store in for the target and open it lazily."""
+        return open_grid(self.staged.commit())
 
 
 class NetCDFSink:
+    """Streams row blocks into a NetCDF-4 file staged beside ``path``, renamed into place by :meth:`finish`."""
+
     def __init__(self, template: xr.Dataset, path: Path) -> None:
         import netCDF4
 
-        self.path = path
+        self.staged = StagedPath.beside(path)
+        self.nc: netCDF4.Dataset | None = None
         encoding = {
-            name: {**template[name].encoding, "zlib": True, "complevel": 4, "chunksizes": template[name].data.chunksize, "_FillValue": np.float32(np.nan)}
+            name: {
+                **template[name].encoding, "zlib": True, "complevel": 4,
+                "chunksizes": template[name].data.chunksize, "_FillValue": np.float32(np.nan),
+            }
             for name in template.data_vars
         }
-        template.to_netcdf(path, mode="w", compute=False, encoding=encoding, engine="netcdf4")
-        self.nc = netCDF4.Dataset(path, "a")
-        self.nc.set_auto_mask(False)
+        try:
+            template.to_netcdf(self.staged.tmp, mode="w", compute=False, encoding=encoding, engine="netcdf4")
+            self.nc = netCDF4.Dataset(self.staged.tmp, "a")
+            self.nc.set_auto_mask(False)
+        except BaseException:
+            self.abort()
+            raise
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
+        assert self.nc is not None, "write after finish or abort"
         for name, values in block.items():
             self.nc[name][_rows_index(values.ndim, rows)] = values
 
-    def close(self) -> None:
-        if self.nc.isopen():
+    def _close(self) -> None:
+        if self.nc is not None and self.nc.isopen():
             self.nc.close()
 
+    def abort(self) -> None:
+        """Close and remove the staged file."""
+        self._close()
+        self.staged.discard()
+
     def finish(self) -> xr.Dataset:
-        self.close()
-        return open_grid(self.path)
+        """Close the file, rename it onto the target and open it lazily."""
+        self._close()
+        return open_grid(self.staged.commit())
+
 
 def open_grid(path: str | Path) -> xr.Dataset:
-    """Open a grid written by :func:`geodbk.maps.predict.predict_grid` or :mod:`geodbk.io.cubes` (NetCDF or Zarr), lazily."""
+    """Open a grid written by :func:`geodbk.maps.predict.predict_grid` or :mod:`geodbk.io.cubes`
+    (NetCDF or Zarr), lazily."""
     path = Path(path)
     if not path.exists():
         raise InputDataError(f"no grid at {path}")

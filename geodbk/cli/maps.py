@@ -1,0 +1,254 @@
+"""``geodbk predict`` (model -> grid), ``export`` (grid -> GeoTIFF/NetCDF/Zarr, fit -> test tiles) and
+``summarize`` (model -> polygon averages).
+
+``predict`` and ``summarize`` refuse an area mostly outside the model's fitted extent, or
+quarters beyond its forecast allowance, unless given ``--allow-extrapolation``
+(:func:`geodbk.cli.options.check_domain`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from geodbk.cli.options import (
+    add_extrapolation_option,
+    add_map_options,
+    check_domain,
+    check_map_options,
+    parse_change,
+    parse_quarter,
+    parse_quarter_list,
+    threshold_option,
+)
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="rasterise a fitted model's predictions on a grid (NetCDF or Zarr)",
+        description=(
+            "Predict a fitted model on a regular grid over a region and write an xarray dataset with "
+            "mean, sd and pi_width (95%) of y = log10(value) (units log10(Mbps), or log10(ms) for "
+            "latency), mean/lower/upper in Mbps (10**(mean -/+ 1.96 sd)) and optional kernel slices. "
+            "Cells outside the region polygon are NaN and not predicted. The grid is filled in row "
+            "blocks written straight to the output, so memory stays flat for any grid size."
+        ),
+        epilog="example: geodbk predict --model outputs/demo/models/dbk-rbf.pt --region PR "
+        "--resolution 0.01 --out pr.nc --ref sanjuan:-66.06,18.45",
+    )
+    p.add_argument("--model", required=True, metavar="PATH", help="fitted model file, e.g. RUN/models/dbk-rbf.pt")
+    p.add_argument("--out", required=True, metavar="PATH", help="output grid: *.nc (NetCDF-4) or *.zarr (Zarr store)")
+    p.add_argument("--region",
+                   help="state name, USPS code or polygon file (default: the region the model was fitted on)")
+    p.add_argument("--resolution", default="0.01",
+                   help="cell side: a number in CRS units (degrees for EPSG:4326), or with a unit: "
+                   "0.01deg, 500m, 2km (default 0.01 degrees, about 1.1 km)")
+    p.add_argument("--crs", help="CRS of the grid, e.g. EPSG:32161 (default EPSG:4326; with a metre "
+                   "resolution the region's UTM zone)")
+    p.add_argument("--ref", action="append", default=[], metavar="NAME:LON,LAT",
+                   help="reference point for a kernel_slice layer, in degrees; repeat for more")
+    p.add_argument("--dataset", metavar="PATH",
+                   help="dataset (RUN/dataset.parquet) to choose urban, rural and wildland reference "
+                   "points automatically when no --ref is given")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--quarter", help="quarter to map, e.g. 2023Q4 (default: the model's latest fitted quarter; "
+                      "one quarter later is allowed and flagged as extrapolation)")
+    when.add_argument("--quarters", metavar="Q1,Q2,...|all",
+                      help="several quarters along a CF time dimension, e.g. 2022Q4,2023Q4, or 'all' fitted quarters")
+    add_map_options(p)
+    add_extrapolation_option(p)
+    p.add_argument("--chunk-rows", type=int, metavar="N", help="grid rows per block (default: ~262k cells per block)")
+    p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(handler=_run_predict)
+
+
+def _run_predict(args: argparse.Namespace) -> int:
+    import time
+
+    from geodbk.dataset.spatial_dataset import SpatialDataset
+    from geodbk.errors import InputDataError
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.ingest.regions import load_region
+    from geodbk.maps.geometry import RegularGrid
+    from geodbk.maps.predict import predict_grid
+    from geodbk.maps.reference import parse_refs, reference_points
+
+    if not args.out.endswith((".nc", ".zarr")):
+        raise InputDataError(f"--out must end in .nc or .zarr, got {args.out}")
+    when: str | list[str] | None = None if args.quarter is None else parse_quarter(args.quarter)
+    change = parse_change(args.change)
+    check_map_options(args)
+    if args.chunk_rows is not None and args.chunk_rows < 1:
+        raise InputDataError(f"--chunk-rows must be >= 1, got {args.chunk_rows}")
+    model = GeoModel.load(args.model, device=args.device)
+    if args.quarters is not None:
+        fitted = list(model.meta.get("quarters") or [])
+        when = fitted if args.quarters.strip().lower() == "all" else parse_quarter_list(args.quarters)
+        if not when:
+            raise InputDataError(f"--quarters names no quarter (the model has {model.meta.get('quarters')})")
+    region_spec = args.region or model.meta.get("region")
+    if not region_spec:
+        raise InputDataError("the model file names no region; pass --region")
+    grid = RegularGrid.over(load_region(region_spec), args.resolution, crs=args.crs)
+    asked = [when] if when is None or isinstance(when, str) else when
+    check_domain(model, grid.geometry, [*asked, *(change or ())], allow=args.allow_extrapolation)
+    refs = parse_refs(args.ref)
+    if not refs and args.dataset:
+        refs = reference_points(SpatialDataset.load(args.dataset), grid)
+    shown = ",".join(when) if isinstance(when, list) else (when or model.latest_quarter or "all fitted quarters pooled")
+    print(f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} in {grid.crs.to_string()}, "
+          f"quarter(s) {shown}" + (f"; change {change[0]} -> {change[1]}" if change else "")
+          + (f"; kernel slices at {', '.join(refs)}" if refs and model.has_kernel else ""))
+    start = time.perf_counter()
+    ds = predict_grid(model, grid, refs=refs or None, time=when, change=change, threshold=threshold_option(args),
+                      max_distance=args.max_distance, chunk_rows=args.chunk_rows, store=args.out,
+                      progress=not args.no_progress)
+    ds.close()
+    print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write GeoTIFF / NetCDF / Zarr from a grid, or GeoJSON / GeoParquet test tiles from a fit",
+        description=(
+            "Two jobs. From a grid written by `geodbk predict` (--grid): a float32 GeoTIFF with one band "
+            "per variable (band descriptions = variable names, nodata outside the region), optionally "
+            "Cloud-Optimized (--cog), or a copy as NetCDF / Zarr. From a fitted model and its dataset "
+            "(--model, --dataset): the test tiles with the observed value and the predictive mean, sd "
+            "and 95% bounds in log10 and data units, the urban/rural label, quadkey and quarter."
+        ),
+        epilog="examples: geodbk export --grid pr.nc --geotiff pr.tif --cog\n"
+        "          geodbk export --model RUN/models/dbk-rbf.pt --dataset RUN/dataset.parquet "
+        "--test-tiles tiles.geojson",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("grid outputs")
+    g.add_argument("--grid", metavar="PATH", help="grid from `geodbk predict` (*.nc or *.zarr)")
+    g.add_argument("--geotiff", metavar="PATH", help="write a GeoTIFF here")
+    g.add_argument("--cog", action="store_true", help="make the GeoTIFF a Cloud-Optimized GeoTIFF (tiled, overviews)")
+    g.add_argument("--variables", nargs="+", metavar="NAME",
+                   help="GeoTIFF bands, in order (default: all variables; kernel_slice gives one band per "
+                   "reference point)")
+    g.add_argument("--nodata", type=float, default=None, help="GeoTIFF nodata value (default -9999)")
+    g.add_argument("--netcdf", metavar="PATH", help="copy the grid to NetCDF-4")
+    g.add_argument("--zarr", metavar="PATH", help="copy the grid to a Zarr store")
+    t = p.add_argument_group("test-tile outputs")
+    t.add_argument("--model", metavar="PATH", help="fitted model file (RUN/models/<kind>.pt)")
+    t.add_argument("--dataset", metavar="PATH", help="its dataset (RUN/dataset.parquet)")
+    t.add_argument("--test-tiles", metavar="PATH", help="write the tiles here: *.geojson or *.parquet (GeoParquet)")
+    t.add_argument("--split", default="test", choices=("train", "val", "test"),
+                   help="which split's tiles (default test)")
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from geodbk.errors import InputDataError
+
+    grid_outputs = [args.geotiff, args.netcdf, args.zarr]
+    if any(grid_outputs) and not args.grid:
+        raise InputDataError("--geotiff/--netcdf/--zarr need --grid")
+    if not args.grid and not args.test_tiles:
+        raise InputDataError("nothing to do: give --grid with --geotiff/--netcdf/--zarr, "
+                             "or --model, --dataset and --test-tiles")
+    if args.grid and not any(grid_outputs):
+        raise InputDataError("--grid needs an output: --geotiff, --netcdf or --zarr")
+    if args.test_tiles and not (args.model and args.dataset):
+        raise InputDataError("--test-tiles needs --model and --dataset")
+    if args.grid:
+        from geodbk.io.cubes import write_netcdf, write_zarr
+        from geodbk.io.geotiff import GEOTIFF_NODATA, write_geotiff
+        from geodbk.maps.stores import open_grid
+
+        ds = open_grid(args.grid)
+        if args.geotiff:
+            nodata = GEOTIFF_NODATA if args.nodata is None else args.nodata
+            path = write_geotiff(ds, args.geotiff, variables=args.variables, cog=args.cog, nodata=nodata)
+            print(f"wrote {path}")
+        if args.netcdf:
+            print(f"wrote {write_netcdf(ds, args.netcdf)}")
+        if args.zarr:
+            print(f"wrote {write_zarr(ds, args.zarr)}")
+        ds.close()
+    if args.test_tiles:
+        from geodbk.dataset.spatial_dataset import SpatialDataset
+        from geodbk.fit.geomodel import GeoModel
+        from geodbk.io.vectors import write_tile_predictions
+
+        model = GeoModel.load(args.model)
+        dataset = SpatialDataset.load(args.dataset)
+        print(f"wrote {write_tile_predictions(model, dataset, args.test_tiles, split=args.split)}")
+    return 0
+
+
+def _add_summarize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "summarize",
+        help="average a fitted model's speed over polygons (counties, tracts, ...) with exact uncertainty",
+        description=(
+            "For each polygon: the area mean of the tile-mean log10 speed over grid cells inside it and its "
+            "sd from the joint posterior (not the mean of the cell sds), the geometric-mean speed with a 95% "
+            "interval, the expected share of the area below the speed benchmark, and the number of observed "
+            "(training) tiles inside. Polygons keep their columns and CRS. By default only polygons that "
+            "overlap the model's region are kept."
+        ),
+        epilog="example: geodbk summarize --model outputs/demo/models/dbk-rbf.pt "
+        "--polygons data/cb_2018_us_county_20m.zip --quarter 2023Q4 --out pr_municipios.parquet",
+    )
+    p.add_argument("--model", required=True, metavar="PATH", help="fitted model file (a GP kind, e.g. dbk-rbf)")
+    p.add_argument("--polygons", required=True, metavar="PATH",
+                   help="polygon file: GeoJSON, shapefile (zip), GeoPackage or GeoParquet, any CRS")
+    p.add_argument("--out", required=True, metavar="PATH", help="output: *.parquet (GeoParquet), *.geojson or *.csv")
+    p.add_argument("--quarter", help="quarter, e.g. 2023Q4 (default: the model's latest fitted quarter)")
+    p.add_argument("--resolution", default=None,
+                   help="side of the averaging cells: degrees, or e.g. 500m (default 0.005 degrees, about one tile)")
+    level = p.add_mutually_exclusive_group()
+    level.add_argument("--threshold", type=float, metavar="MBPS",
+                       help="benchmark of share_below (default: FCC 35/3 Mbps mobile, 100/20 fixed)")
+    level.add_argument("--no-threshold", action="store_true", help="leave share_below out")
+    p.add_argument("--all-polygons", action="store_true",
+                   help="keep polygons that do not overlap the model's region (they are extrapolation)")
+    add_extrapolation_option(p)
+    p.set_defaults(handler=_run_summarize)
+
+
+def _run_summarize(args: argparse.Namespace) -> int:
+    import time
+
+    from geodbk.errors import InputDataError
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.ingest.regions import load_region, read_polygons
+    from geodbk.maps.summaries import (
+        DEFAULT_RESOLUTION,
+        SUMMARY_FORMATS,
+        polygons_in_region,
+        summarize_polygons,
+        write_summary,
+    )
+
+    if not args.out.lower().endswith(SUMMARY_FORMATS):
+        raise InputDataError(f"--out must end in one of {', '.join(SUMMARY_FORMATS)}, got {args.out}")
+    quarter = None if args.quarter is None else parse_quarter(args.quarter)
+    check_map_options(args)
+    model = GeoModel.load(args.model)
+    polygons = read_polygons(args.polygons, what="polygon", keep_crs=True)
+    if not args.all_polygons and model.meta.get("region"):
+        kept = polygons_in_region(polygons, load_region(model.meta["region"]).geometry)
+        if len(kept) == 0:
+            raise InputDataError(f"no polygon in {args.polygons} overlaps the model's region {model.meta['region']}")
+        print(f"kept {len(kept)} of {len(polygons)} polygons that overlap {model.meta['region']}")
+        polygons = kept
+    check_domain(model, polygons.to_crs(4326).union_all(), [quarter], allow=args.allow_extrapolation)
+    start = time.perf_counter()
+    summary = summarize_polygons(
+        model, polygons, time=quarter, resolution=args.resolution or DEFAULT_RESOLUTION,
+        threshold=threshold_option(args),
+    )
+    write_summary(summary, args.out)
+    print(f"wrote {args.out}: {len(summary)} polygons, quarter {summary['quarter'].iloc[0]}, "
+          f"{int(summary['cells'].sum())} cells, in {time.perf_counter() - start:.1f} s")
+    return 0
+
+

@@ -1,0 +1,160 @@
+"""Options and checks shared by several ``geodbk`` subcommands.
+
+Every check raises :class:`geodbk.errors.InputDataError`, which :func:`geodbk.cli.main`
+prints as one line with exit status 2. Heavy modules (torch, geopandas) are imported inside
+the functions, so ``geodbk --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from geodbk.errors import InputDataError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from geodbk.fit.geomodel import GeoModel
+
+#: Points per side of the lattice that samples an area for the extrapolation check.
+DOMAIN_SAMPLE_SIDE = 64
+
+
+def add_split_options(p: argparse.ArgumentParser, *, keep: bool = False) -> None:
+    """--split, --block-km and --seed (ingest and fit)."""
+    default = "the dataset's own split" if keep else "random"
+    p.add_argument("--split", choices=("random", "spatial-block", "forecast"),
+                   help=f"train/val/test protocol (default: {default}). random: 8:1:1 over (tile, quarter) rows, "
+                   "so a test tile's other quarters can be in training (optimistic); spatial-block: whole "
+                   "blocks of --block-km held out (unseen places); forecast: test on the last quarter")
+    p.add_argument("--block-km", type=float, default=10.0,
+                   help="block side of the spatial-block split, km (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split (and of the fits) (default 0)")
+
+
+def check_split_options(args: argparse.Namespace) -> None:
+    """A positive --block-km."""
+    if not args.block_km > 0:
+        raise InputDataError(f"--block-km must be positive, got {args.block_km}")
+
+
+def add_map_options(p: argparse.ArgumentParser) -> None:
+    """--change, --threshold/--no-threshold and --max-distance (predict and demo)."""
+    p.add_argument("--change", metavar="FROM:TO",
+                   help="add change layers between two quarters, e.g. 2022Q4:2023Q4: mean change, its "
+                   "joint-posterior sd, P(increase) and the change of the median in Mbps (GP models)")
+    level = p.add_mutually_exclusive_group()
+    level.add_argument("--threshold", type=float, metavar="MBPS",
+                       help="p_below layer: P(tile-mean speed < MBPS) (default: the FCC benchmark, "
+                       "35/3 Mbps down/up for mobile tiles, 100/20 for fixed; none for latency)")
+    level.add_argument("--no-threshold", action="store_true", help="leave the p_below layer out")
+    p.add_argument("--max-distance", type=float, metavar="METRES",
+                   help="leave cells farther than this from any training tile empty (default: no limit)")
+
+
+def add_extrapolation_option(p: argparse.ArgumentParser) -> None:
+    """--allow-extrapolation (predict and summarize)."""
+    p.add_argument("--allow-extrapolation", action="store_true",
+                   help="map an area mostly outside the model's fitted extent, or quarters before its first or "
+                   "more than one after its last fitted quarter (refused otherwise; it still warns)")
+
+
+def check_map_options(args: argparse.Namespace) -> None:
+    """Positive --threshold and --max-distance, where given."""
+    for flag in ("threshold", "max_distance"):
+        value = getattr(args, flag, None)
+        if value is not None and not value > 0:
+            raise InputDataError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+
+
+def check_positive(args: argparse.Namespace, flags: Sequence[str]) -> None:
+    """Integer options of ``args`` named in ``flags`` must be >= 1 where given."""
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise InputDataError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+
+
+def parse_change(text: str | None) -> tuple[str, str] | None:
+    """``"2022Q4:2023Q4"`` -> ``("2022Q4", "2023Q4")`` (checked), or None."""
+    from geodbk.dataset.inputs import parse_time
+
+    if text is None:
+        return None
+    start, sep, end = text.partition(":")
+    if not sep or not start.strip() or not end.strip():
+        raise InputDataError(f"--change takes FROM:TO quarters, e.g. 2022Q4:2023Q4; got {text!r}")
+    pair = (start.strip().upper(), end.strip().upper())
+    for quarter in pair:
+        parse_time(quarter)
+    return pair
+
+
+def parse_quarter(text: str, flag: str = "--quarter") -> str:
+    """``" 2023q4"`` -> ``"2023Q4"``, checked (one quarter)."""
+    from geodbk.dataset.inputs import parse_quarter_label
+
+    if "," in text:
+        raise InputDataError(f"{flag} takes one quarter, e.g. 2023Q4; got {text!r}")
+    year, quarter = parse_quarter_label(text)
+    return f"{year}Q{quarter}"
+
+
+def parse_quarter_list(text: str, flag: str = "--quarters") -> list[str]:
+    """``"2023Q1, 2023q4"`` -> ``["2023Q1", "2023Q4"]``, each checked; at least one."""
+    from geodbk.dataset.inputs import parse_time
+
+    quarters = [q.strip().upper() for q in text.split(",") if q.strip()]
+    if not quarters:
+        raise InputDataError(f"{flag} names no quarter")
+    for quarter in quarters:
+        parse_time(quarter)
+    return quarters
+
+
+def threshold_option(args: argparse.Namespace) -> float | str | None:
+    """The ``threshold`` argument of grids and summaries from --threshold / --no-threshold."""
+    from geodbk.maps.thresholds import DEFAULT
+
+    return None if args.no_threshold else (DEFAULT if args.threshold is None else args.threshold)
+
+
+def area_sample(geometry: Any) -> Any:
+    """(m, 2) lon/lat degrees of the centres of a :data:`DOMAIN_SAMPLE_SIDE`-square lattice over
+    ``geometry`` (a lon/lat shapely geometry) that fall inside it; its representative point if none."""
+    import numpy as np
+
+    from geodbk.maps.geometry import RegularGrid
+
+    west, south, east, north = geometry.bounds
+    step = max(east - west, north - south) / DOMAIN_SAMPLE_SIDE
+    cells = RegularGrid.over(geometry, step, crs=4326).cells_inside() if step > 0 else np.empty((0, 2))
+    if len(cells) == 0:
+        point = geometry.representative_point()
+        cells = np.array([[point.x, point.y]])
+    return cells
+
+
+def check_domain(model: GeoModel, geometry: Any, quarters: Sequence[str | None], *, allow: bool) -> None:
+    """Refuse (unless ``allow``) to apply ``model`` to an area (lon/lat shapely geometry) mostly
+    outside its fitted extent, or to quarters beyond its forecast allowance
+    (:meth:`geodbk.fit.geomodel.DomainReport.problem`). When allowed, prediction itself warns."""
+    problem = model.domain_report(area_sample(geometry), list(quarters) or [None]).problem()
+    if problem is not None and not allow:
+        raise InputDataError(f"{problem}; pass --allow-extrapolation to map it anyway")
+
+
+__all__ = [
+    "add_extrapolation_option",
+    "add_map_options",
+    "add_split_options",
+    "area_sample",
+    "check_domain",
+    "check_map_options",
+    "check_positive",
+    "check_split_options",
+    "parse_change",
+    "parse_quarter",
+    "parse_quarter_list",
+    "threshold_option",
+]

@@ -1,0 +1,94 @@
+"""A model applied to a region or quarter it was not fitted on warns, and the CLI refuses
+without --allow-extrapolation (a Puerto Rico model asked for Hawaii)."""
+
+from __future__ import annotations
+
+import geopandas as gpd
+import numpy as np
+import pytest
+
+from geodbk.cli import main
+from geodbk.errors import ExtrapolationWarning
+from geodbk.fit.domain import FORECAST_QUARTERS
+from geodbk.fit.geomodel import fit_dataset, map_model_config
+from geodbk.ingest.regions import load_region
+from geodbk.maps.geometry import RegularGrid
+from geodbk.maps.predict import predict_grid
+from geodbk.models.config import TrainConfig
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def pr_model(pr_dataset):
+    """A tiny dbk-rbf fitted on Puerto Rico 2023Q4 (one epoch)."""
+    return fit_dataset(pr_dataset, "dbk-rbf", model_config=map_model_config(hidden=16, rank=16),
+                       train_config=TrainConfig(epochs=1, progress=False, device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, pr_model):
+    root = tmp_path_factory.mktemp("extrapolation")
+    pr_model.save(root / "pr.pt")
+    for code in ("PR", "HI"):
+        gpd.GeoDataFrame({"name": [code]}, geometry=[load_region(code).geometry], crs=4326).to_file(
+            root / f"{code}.geojson", driver="GeoJSON", engine="pyogrio"
+        )
+    return root
+
+
+def cells(code: str) -> np.ndarray:
+    return RegularGrid.over(load_region(code), 0.05).cells_inside()
+
+
+def test_domain_report_of_places_and_quarters(pr_model) -> None:
+    home = pr_model.domain_report(cells("PR"), ["2023Q4"])
+    assert home.outside_share < 0.05 and home.quarters_after == 0 == home.quarters_before
+    assert home.problem() is None
+    away = pr_model.domain_report(cells("HI"), ["2023Q4"])
+    assert away.outside_share == 1.0 and "outside its fitted extent" in away.problem()
+    ahead = f"2024Q{FORECAST_QUARTERS}"  # within the forecast allowance
+    assert pr_model.domain_report(cells("PR"), [ahead]).problem() is None
+    late = pr_model.domain_report(cells("PR"), ["2023Q4", "2024Q3"])
+    assert late.quarters_after == 3 and "3 quarters after" in late.problem()
+    early = pr_model.domain_report(cells("PR"), ["2023Q2"])
+    assert early.quarters_before == 2 and "before its first" in early.problem()
+
+
+def test_python_grid_of_another_region_warns(pr_model) -> None:
+    with pytest.warns(ExtrapolationWarning, match="outside the fitted extent"):
+        predict_grid(pr_model, RegularGrid.over(load_region("HI"), 0.1), progress=False)
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("extra", [["--region", "HI"], ["--quarter", "2025Q1"], ["--change", "2022Q4:2023Q4"]],
+                         ids=["hawaii", "far-future", "change-from-before"])
+def test_cli_predict_refuses_extrapolation_unless_allowed(files, capsys, extra: list[str]) -> None:
+    out = files / "grid.nc"
+    argv = ["predict", "--model", str(files / "pr.pt"), "--resolution", "0.1", "--out", str(out), "--no-progress",
+            *extra]
+    assert main(argv) == 2
+    assert "--allow-extrapolation" in one_line(capsys) and not out.exists()
+    assert main([*argv, "--allow-extrapolation"]) == 0
+    assert out.is_file() and "warning:" in capsys.readouterr().err
+    out.unlink()
+
+
+def test_cli_summarize_refuses_extrapolation_unless_allowed(files, capsys) -> None:
+    out = files / "summary.csv"
+    hawaii = ["summarize", "--model", str(files / "pr.pt"), "--polygons", str(files / "HI.geojson"),
+              "--resolution", "0.1", "--all-polygons", "--out", str(out)]
+    assert main(hawaii) == 2
+    assert "outside its fitted extent" in one_line(capsys) and not out.exists()
+    assert main([*hawaii, "--allow-extrapolation"]) == 0 and out.is_file()
+    assert "warning:" in capsys.readouterr().err
+    later = ["summarize", "--model", str(files / "pr.pt"), "--polygons", str(files / "PR.geojson"),
+             "--resolution", "0.1", "--quarter", "2026Q1", "--out", str(files / "later.csv")]
+    assert main(later) == 2
+    assert "quarters after" in one_line(capsys) and not (files / "later.csv").exists()
+    assert main(later[:-6] + ["--quarter", "2023Q4", "--out", str(files / "home.csv")]) == 0
