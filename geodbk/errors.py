@@ -24,3 +24,7 @@ class DownloadError(GeodbkError, OSError):
 
 class ExtrapolationWarning(UserWarning):
     """A model is asked about places or quarters outside what it was fitted on."""
+
+
+class TrainingError(GeodbkError, FloatingPointError):
+    """Training diverged: the loss became NaN or infinite, or a Cholesky factor kept failing."""

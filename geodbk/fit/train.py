@@ -3,6 +3,9 @@
 Targets are standardised inside (the :class:`~geodbk.fit.regressor.Regressor` keeps the
 scaling); validation NLL is computed every epoch and the weights with the best
 validation NLL are kept. NLL in original units is NLL_std + log(y_std).
+
+Each epoch is :func:`geodbk.fit.step.train_epoch`: a training step that never waits for the
+host, captured as a CUDA graph on CUDA, with one read of the loss per epoch.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -18,9 +21,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from geodbk.errors import InputDataError
-from geodbk.models.config import ModelConfig, TrainConfig
-from geodbk.models.objectives import Objective, gaussian_nll
-from geodbk.models.zoo import get_model_spec
 from geodbk.fit.regressor import (
     Regressor,
     as_inputs,
@@ -30,6 +30,10 @@ from geodbk.fit.regressor import (
     resolve_device,
     write_payload,
 )
+from geodbk.fit.step import TrainingStep, train_epoch
+from geodbk.models.config import ModelConfig, TrainConfig
+from geodbk.models.objectives import gaussian_nll
+from geodbk.models.zoo import get_model_spec
 
 
 def _targets(y: Any, n: int, name: str) -> np.ndarray:
@@ -42,13 +46,18 @@ def _targets(y: Any, n: int, name: str) -> np.ndarray:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with ``cfg.weight_decay`` on the backbone parameters and none elsewhere."""
-    decayed = {id(p) for p in model.backbone_parameters()}
+    """AdamW with ``cfg.weight_decay`` on the backbone parameters and none elsewhere.
+
+    On CUDA it is ``capturable`` (its step count lives on the device), so that
+    :class:`TrainingStep` can capture it in a CUDA graph.
+    """
+    decayed = {id(p) for p in cast(Any, model).backbone_parameters()}
     groups = [
         {"params": [p for p in model.parameters() if id(p) in decayed], "weight_decay": cfg.weight_decay},
         {"params": [p for p in model.parameters() if id(p) not in decayed], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
+    capturable = any(p.is_cuda for p in model.parameters())
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, capturable=capturable)
 
 
 @torch.no_grad()
@@ -57,12 +66,12 @@ def _mean_nll(
 ) -> float:
     """Mean predictive NLL on the standardised scale (of observations with ``tests`` counts)."""
     model.eval()
-    total = 0.0
-    batches = zip(X.split(batch_size), y.split(batch_size), _row_batches(tests, len(y), batch_size))
+    total = torch.zeros((), dtype=torch.float64, device=y.device)
+    batches = zip(X.split(batch_size), y.split(batch_size), _row_batches(tests, len(y), batch_size), strict=True)
     for xb, yb, tb in batches:
         out = model(xb, tb)
-        total += float(gaussian_nll(yb, out.mean, out.predictive_var).sum())
-    return total / len(y)
+        total += gaussian_nll(yb, out.mean, out.predictive_var).sum()
+    return float(total) / len(y)
 
 
 def _row_batches(tests: torch.Tensor | None, n: int, batch_size: int) -> list:
@@ -161,11 +170,12 @@ def fit_arrays(
     model = build_model(kind, d, mcfg).to(device)
     if spec.prepare is not None and resume is None:
         spec.prepare(model, Xt, yt, Xv, yv, mcfg, tcfg, fit=fit_arrays)
+    assert spec.objective is not None  # a kind without a closed-form fit has an objective
     objective = spec.objective(tcfg)
     optimizer = make_optimizer(model, tcfg)
     generator = torch.Generator().manual_seed(tcfg.seed)
 
-    state = {"epoch": 0, "best_val_nll": math.inf, "best_epoch": 0, "wait": 0, "history": []}
+    state: dict[str, Any] = {"epoch": 0, "best_val_nll": math.inf, "best_epoch": 0, "wait": 0, "history": []}
     best_state = copy.deepcopy(model.state_dict())
     if resume is not None:
         ckpt = read_payload(resume, device)
@@ -185,8 +195,9 @@ def fit_arrays(
         disable=not tcfg.progress,
         leave=False,
     )
+    step = TrainingStep(model, objective, optimizer, Xt, yt, counts)
     for epoch in bar:
-        loss = train_epoch(model, objective, optimizer, Xt, yt, tcfg, spec.full_batch, generator, counts)
+        loss = train_epoch(step, tcfg, spec.full_batch, generator, kind=kind, epoch=epoch + 1)
         objective.refresh(model, Xt, yt, counts)
         val_nll = _mean_nll(model, Xv, yv, tcfg.eval_batch_size, counts_val) + log_std
         state["epoch"] = epoch + 1
@@ -217,45 +228,3 @@ def fit_arrays(
 
     model.load_state_dict(best_state)
     return regressor(model, list(state["history"]), state["best_epoch"])
-
-
-def train_epoch(
-    model: nn.Module,
-    objective: Objective,
-    optimizer: torch.optim.Optimizer,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    cfg: TrainConfig,
-    full_batch: bool,
-    generator: torch.Generator,
-    tests: torch.Tensor | None = None,
-) -> float:
-    """One pass in shuffled mini-batches, or one full-batch step; returns the mean loss.
-
-    Full-batch steps use all rows, or a random ``cfg.full_batch_max`` of them when more.
-    ``tests`` (n,) are the rows' test counts for a test-count noise model, or ``None``.
-    """
-    model.train()
-    n = len(X)
-    if full_batch:
-        batches = [torch.randperm(n, generator=generator)[: cfg.full_batch_max]] if n > cfg.full_batch_max else [None]
-    else:
-        batches = torch.randperm(n, generator=generator).split(cfg.batch_size)
-    total, count = 0.0, 0
-    for idx in batches:
-        if idx is None:
-            xb, yb, tb = X, y, tests
-        else:
-            idx = idx.to(X.device)
-            xb, yb, tb = X[idx], y[idx], None if tests is None else tests[idx]
-        loss = objective(model, xb, yb, n, tb)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"{objective.name} loss became {float(loss)}; try dtype='float64' or a lower lr"
-            )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        total += float(loss.detach()) * len(yb)
-        count += len(yb)
-    return total / count

@@ -11,13 +11,22 @@ Predictive distribution (O(r^2) per point after phi):
 has noise ``sigma^2(k) = sigma0^2 + sigma1^2 / k`` (:class:`Noise`; sigma1 = 0 unless the
 test-count term is on). The tile-mean distribution, the limit k -> infinity, is
 ``var_f + sigma0^2``: the map layers use it, coverage on test tiles uses their own k.
+
+Folded prediction. In eval mode without autograd, an expansion with ``features`` and
+``fold`` (``phi = features(g) @ T``, see :mod:`geodbk.models.expansions`) is evaluated
+through weights precomputed once per fitted model, ``a = T m`` and ``B = T L`` (for the
+RBF basis ``a = L_ZZ^{-T} m``, ``B = L_ZZ^{-T} L``): ``mean = features(g)^T a + c`` and
+``var_f = ||B^T features(g)||^2``, one matrix product per batch and no triangular solve.
+The weights are cached on the model and rebuilt when any parameter changes (in place or
+replaced) and after every ``train()``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -33,7 +42,8 @@ class GPOutput:
             models that carry it.
         noise: () or (n,) noise variance of the batch's observations, sigma^2(k_i) for
             their test counts k_i (sigma0^2 when no counts were given).
-        phi: (n, r) basis values, ``None`` for the plain network.
+        phi: (n, r) basis values; ``None`` for the plain network and in the folded
+            prediction path (eval mode, no autograd) of expansions that fold.
         residual: (n,) Nystrom residual c(x) = k(x, x) - ||phi(x)||^2, or ``None``.
         tile_noise: () or (n,) sigma0^2, the noise left as k -> infinity; ``None`` means
             the same as ``noise``.
@@ -88,11 +98,16 @@ class PosteriorFactors:
 class BasisMap(nn.Module):
     """phi(x) = expansion(backbone(x)): (n, d) -> (n, r)."""
 
+    backbone: nn.Module
+    #: One of the expansions of :mod:`geodbk.models.expansions`; their extra methods
+    #: (``features``, ``fold``, ``prior_variance``, ...) differ, so it is typed loosely.
+    expansion: Any
+
     def __init__(self, backbone: nn.Module, expansion: nn.Module) -> None:
         super().__init__()
         self.backbone = backbone
         self.expansion = expansion
-        self.rank: int = expansion.output_dim
+        self.rank: int = cast(int, expansion.output_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.expansion(self.backbone(x))
@@ -163,6 +178,9 @@ class BasisGP(nn.Module):
     vector initialised N(0, 1) / r.
     """
 
+    basis: BasisMap
+    _tril_index: torch.Tensor
+
     def __init__(
         self,
         basis: BasisMap,
@@ -187,6 +205,7 @@ class BasisGP(nn.Module):
         self.variational_log_diag = nn.Parameter(torch.full((r,), -0.5 * math.log(r)))
         self.variational_offdiag = nn.Parameter(torch.randn(r * (r - 1) // 2) / r)
         self.register_buffer("_tril_index", torch.tril_indices(r, r, -1), persistent=False)
+        self._folded: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
 
     @property
     def rank(self) -> int:
@@ -196,24 +215,62 @@ class BasisGP(nn.Module):
     def chol_factor(self) -> torch.Tensor:
         """L, (r, r) lower-triangular with a positive diagonal."""
         rows, cols = self._tril_index
-        strict = self.variational_log_diag.new_zeros(self.rank, self.rank).index_put((rows, cols), self.variational_offdiag)
+        zeros = self.variational_log_diag.new_zeros(self.rank, self.rank)
+        strict = zeros.index_put((rows, cols), self.variational_offdiag)
         return strict + torch.diag(self.variational_log_diag.exp())
 
     has_kernel = True
 
     def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
-        """Outputs at ``x`` (n, d); ``tests`` (n,) test counts set the per-row noise."""
+        """Outputs at ``x`` (n, d); ``tests`` (n,) test counts set the per-row noise.
+
+        In eval mode with autograd off, expansions that fold use the cached folded weights
+        (module docstring); the result is the same distribution up to rounding.
+        """
         g = self.basis.backbone(x)
-        phi = self.basis.expansion(g)
-        mean = phi @ self.variational_mean + self.constant_mean
-        var_f = (phi @ self.chol_factor).pow(2).sum(-1)  # ||L^T phi||^2 per row
+        expansion = self.basis.expansion
+        if not self.training and not torch.is_grad_enabled() and hasattr(expansion, "fold"):
+            r = self.rank
+            projected = expansion.features(g) @ self.folded_weights()  # (n, 1 + r [+ r])
+            phi = None
+            mean = projected[:, 0] + self.constant_mean
+            var_f = projected[:, 1 : r + 1].pow(2).sum(-1)
+            sq_norm = projected[:, r + 1 :].pow(2).sum(-1) if self.include_residual else None
+        else:
+            phi = expansion(g)
+            mean = phi @ self.variational_mean + self.constant_mean
+            var_f = (phi @ self.chol_factor).pow(2).sum(-1)  # ||L^T phi||^2 per row
+            sq_norm = phi.pow(2).sum(-1)
         residual = None
         if self.include_residual:
-            residual = (self.basis.expansion.prior_variance(g) - phi.pow(2).sum(-1)).clamp_min(0.0)
+            residual = (expansion.prior_variance(g) - sq_norm).clamp_min(0.0)
             var_f = var_f + residual
         return GPOutput(
             mean=mean, var_f=var_f, noise=self.noise(tests), phi=phi, residual=residual, tile_noise=self.noise()
         )
+
+    def folded_weights(self) -> torch.Tensor:
+        """``T [m | L (| I_r)]``, (r, 1 + r), with I_r (r more columns) for the Nystrom residual.
+
+        T is the expansion's fixed map (``phi = features(g) @ T``), so ``features(g)`` times
+        these columns gives the mean (without c), ``L^T phi`` and ``phi`` itself. Cached:
+        rebuilt when a parameter's storage or version changes, and after ``train()``.
+        """
+        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        if self._folded is None or self._folded[0] != key:
+            with torch.no_grad():
+                columns = [self.variational_mean.unsqueeze(-1), self.chol_factor]
+                if self.include_residual:
+                    columns.append(torch.eye(self.rank, dtype=columns[1].dtype, device=columns[1].device))
+                self._folded = (key, self.basis.expansion.fold(torch.cat(columns, dim=-1)))
+        return self._folded[1]
+
+    def train(self, mode: bool = True) -> BasisGP:
+        """Switch train/eval mode; entering train mode drops the cached folded weights (a
+        captured CUDA-graph step changes parameters without bumping their versions)."""
+        if mode:
+            self._folded = None
+        return super().train(mode)
 
     def posterior_factors(self, x: torch.Tensor) -> PosteriorFactors:
         """Cov_q(f(x), f(x')) = (L^T phi) . (L^T phi') (+ the Nystrom residual k - phi . phi'):
@@ -277,7 +334,7 @@ class PointNetwork(nn.Module):
     def __init__(self, backbone: nn.Module, noise_init: float = 1e-2, noise_floor: float = 1e-6) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = nn.Linear(backbone.output_dim, 1)
+        self.head = nn.Linear(cast(int, backbone.output_dim), 1)
         self.noise = Noise(noise_init, noise_floor)
 
     def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:

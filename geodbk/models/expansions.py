@@ -9,22 +9,41 @@ Cholesky factor ``L_ZZ`` of the jittered ``K_ZZ`` instead and computes ``L_ZZ^{-
 with a triangular solve (never an explicit inverse). Both give the same kernel,
 ``phi(x).phi(x') = k_Z(x)^T K_ZZ^{-1} k_Z(x')`` (the Nystrom kernel), and the two bases
 differ by an orthogonal rotation, to which the N(0, I_r) weight prior is invariant.
+
+Folded prediction. Both expansions are ``phi(g) = features(g) @ T`` for a fixed (r, r)
+matrix T (``L_ZZ^{-T}`` for the RBF basis, ``diag(s)`` for SiLU); :meth:`fold` returns
+``T @ M``, so a prediction ``phi(g) @ M = features(g) @ (T @ M)`` needs no per-point
+triangular solve once ``T @ M`` is precomputed (see
+:meth:`geodbk.models.basis_gp.BasisGP.forward`).
+
+Host syncs. In training the trainer switches every :class:`DeferredCholesky` to deferred
+checks (:func:`deferred_cholesky_checks`): a Cholesky failure is counted on the device and
+read once per epoch instead of at every step.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+#: Tenfold jitter increases tried after the first jitter level fails (4 levels in all).
+MAX_JITTER_LEVEL = 3
 
-def jittered_cholesky(matrix: torch.Tensor, jitter: float, max_tries: int = 4) -> torch.Tensor:
+
+def jittered_cholesky(
+    matrix: torch.Tensor, jitter: float | torch.Tensor, max_tries: int = MAX_JITTER_LEVEL + 1
+) -> torch.Tensor:
     """Lower Cholesky factor of ``matrix + jitter * I``; the jitter grows tenfold on failure.
+
+    Each try reads the failure flag on the host (a device sync on CUDA).
 
     Args:
         matrix: (r, r) symmetric positive semi-definite matrix.
-        jitter: absolute diagonal jitter added on the first try.
+        jitter: absolute diagonal jitter added on the first try (a float or a 0-d tensor).
         max_tries: how many jitter levels to try before raising.
 
     Raises:
@@ -38,6 +57,53 @@ def jittered_cholesky(matrix: torch.Tensor, jitter: float, max_tries: int = 4) -
     raise torch.linalg.LinAlgError(
         f"Cholesky failed with diagonal jitter up to {jitter * 10 ** (max_tries - 1):.1e}"
     )
+
+
+class DeferredCholesky(nn.Module):
+    """Jittered Cholesky factors whose failure check can wait for the end of an epoch.
+
+    Normally (``deferred`` false) a call is :func:`jittered_cholesky` starting at jitter
+    ``jitter * 10**level``. While the trainer defers checks (:func:`deferred_cholesky_checks`),
+    a call factors ``matrix + jitter * 10**level * I`` once with
+    :func:`torch.linalg.cholesky_ex` and adds 1 to the device counter ``failures`` if that
+    failed on a finite matrix, so a training step never waits for the host. The trainer reads ``failures`` once
+    per epoch and, when it is non-zero, redoes the epoch with ``level + 1``.
+
+    ``level`` is not saved with the weights: a reloaded model starts again at level 0 and
+    grows the jitter where it must.
+    """
+
+    failures: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deferred = False
+        self.level = 0
+        self.register_buffer("failures", torch.zeros((), dtype=torch.int32), persistent=False)
+
+    def forward(self, matrix: torch.Tensor, jitter: float | torch.Tensor) -> torch.Tensor:
+        """Lower factor (r, r) of ``matrix`` (r, r) plus the jitter (absolute, at level 0) times 10^level."""
+        jitter = jitter * 10**self.level
+        if not self.deferred:
+            return jittered_cholesky(matrix, jitter, max_tries=MAX_JITTER_LEVEL + 1 - self.level)
+        eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+        factor, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
+        # a non-finite matrix (parameters already NaN) is no jitter problem: not counted
+        self.failures.add_((info.ne(0) & matrix.isfinite().all()).to(self.failures.dtype))
+        return factor
+
+
+@contextmanager
+def deferred_cholesky_checks(model: nn.Module) -> Iterator[list[DeferredCholesky]]:
+    """Defer the failure checks of every :class:`DeferredCholesky` in ``model``; yields them."""
+    guards = [m for m in model.modules() if isinstance(m, DeferredCholesky)]
+    for guard in guards:
+        guard.deferred = True
+    try:
+        yield guards
+    finally:
+        for guard in guards:
+            guard.deferred = False
 
 
 def ard_rbf(a: torch.Tensor, b: torch.Tensor, lengthscale: torch.Tensor, outputscale: torch.Tensor) -> torch.Tensor:
@@ -66,7 +132,7 @@ class RBFInducingExpansion(nn.Module):
     Lengthscales are initialised to sqrt(h) and the outputscale s^2 to 1; both are
     stored as logs.
 
-    Shapes: ``forward`` maps ``(n, h) -> (n, r)``.
+    Shapes: ``forward`` maps ``(n, h) -> (n, r)``; ``phi = features(g) @ L_ZZ^{-T}``.
     """
 
     def __init__(self, input_dim: int, rank: int, jitter: float | None = None) -> None:
@@ -77,6 +143,7 @@ class RBFInducingExpansion(nn.Module):
         self.inducing = nn.Parameter(torch.rand(rank, input_dim) * 2.0 - 1.0)
         self.log_lengthscale = nn.Parameter(torch.full((input_dim,), 0.5 * math.log(input_dim)))
         self.log_outputscale = nn.Parameter(torch.zeros(()))
+        self.cholesky = DeferredCholesky()
 
     @property
     def outputscale(self) -> torch.Tensor:
@@ -91,11 +158,19 @@ class RBFInducingExpansion(nn.Module):
         """Lower Cholesky factor of the jittered K_ZZ, (r, r)."""
         jitter = self.jitter if self.jitter is not None else default_jitter(self.inducing.dtype)
         kzz = self.base_kernel(self.inducing, self.inducing)
-        return jittered_cholesky(kzz, jitter * float(self.outputscale.detach()))
+        return self.cholesky(kzz, jitter * self.outputscale.detach())
+
+    def features(self, g: torch.Tensor) -> torch.Tensor:
+        """k_Z(g)^T, the kernel between ``g`` (n, h) and the inducing points: (n, r)."""
+        return self.base_kernel(g, self.inducing)
 
     def forward(self, g: torch.Tensor) -> torch.Tensor:
-        kz = self.base_kernel(self.inducing, g)  # (r, n)
-        return torch.linalg.solve_triangular(self.inducing_cholesky(), kz, upper=False).T
+        # phi = k_Z^T L_ZZ^{-T}: the solve X L_ZZ^T = k_Z^T, so k_Z (n rows) stays contiguous
+        return torch.linalg.solve_triangular(self.inducing_cholesky().T, self.features(g), upper=True, left=False)
+
+    def fold(self, weights: torch.Tensor) -> torch.Tensor:
+        """L_ZZ^{-T} @ ``weights`` (r, k), so that ``phi(g) @ weights = features(g) @ fold(weights)``."""
+        return torch.linalg.solve_triangular(self.inducing_cholesky().T, weights, upper=True)
 
     def prior_variance(self, g: torch.Tensor) -> torch.Tensor:
         """k(g, g) = s^2 for every row of ``g``: (n,)."""
@@ -110,7 +185,7 @@ class SiLUExpansion(nn.Module):
         rank: r, the number of basis functions.
 
     s is initialised to random signs / sqrt(r), so that ||phi||^2 starts at O(1).
-    Shapes: ``(n, h) -> (n, r)``.
+    Shapes: ``(n, h) -> (n, r)``; ``phi = features(g) @ diag(s)``.
     """
 
     def __init__(self, input_dim: int, rank: int) -> None:
@@ -121,5 +196,13 @@ class SiLUExpansion(nn.Module):
         signs = torch.randint(0, 2, (rank,)).to(torch.get_default_dtype()) * 2.0 - 1.0
         self.scale = nn.Parameter(signs / math.sqrt(rank))
 
+    def features(self, g: torch.Tensor) -> torch.Tensor:
+        """SiLU(W g + b) for ``g`` (n, h): (n, r)."""
+        return nn.functional.silu(self.linear(g))
+
     def forward(self, g: torch.Tensor) -> torch.Tensor:
-        return self.scale * nn.functional.silu(self.linear(g))
+        return self.scale * self.features(g)
+
+    def fold(self, weights: torch.Tensor) -> torch.Tensor:
+        """diag(s) @ ``weights`` (r, k), so that ``phi(g) @ weights = features(g) @ fold(weights)``."""
+        return self.scale.unsqueeze(-1) * weights

@@ -126,7 +126,8 @@ class MeanSquaredError(Objective):
 
     @torch.no_grad()
     def refresh(self, model, x, y, tests=None, chunk_size: int = 65536):
-        sq = sum(float((yb - model(xb).mean).pow(2).sum()) for xb, yb in zip(x.split(chunk_size), y.split(chunk_size)))
+        chunks = zip(x.split(chunk_size), y.split(chunk_size), strict=True)
+        sq = sum(float((yb - model(xb).mean).pow(2).sum()) for xb, yb in chunks)
         model.noise.set_(sq / len(y))
 
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# GPU checks for issue 12: the CUDA tests of the sync-free / captured training step and of
+# the folded prediction, then the step-time and prediction benchmark on CUDA.
+# Run from the repository root on a machine with a CUDA GPU:  bash benchmarks/gpu_check.sh
+# PYTHON picks the interpreter (default python3); extra arguments go to the benchmark.
+# --noconftest and --data synthetic: tests/conftest.py and the PR sample need geopandas,
+# which these checks do not (set BENCH_DATA=pr where it is installed).
+set -euo pipefail
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+"$PYTHON" -c "import torch, gpytorch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpytorch', gpytorch.__version__)"
+"$PYTHON" -m pytest -q -p no:cacheprovider --noconftest tests/test_training_step.py tests/test_folded_prediction.py
+"$PYTHON" benchmarks/bench_dppgp_vs_gpytorch.py --device cuda --data "${BENCH_DATA:-synthetic}" "$@"
