@@ -1,9 +1,10 @@
 """geodbk: calibrated, non-stationary maps of mobile internet quality.
 
 Data flows one way, and the subpackages show it: ingest -> dataset -> models -> maps
-(the gridding engine) -> fit (trainer, GeoModel) -> io -> apps (the CLI, the demo workflow and the dashboard); see docs/architecture.md. The names below
-are the public API; they are imported lazily so that ``geodbk --help`` and light uses
-do not pay for torch, geopandas and xarray at import time.
+(the gridding engine) -> fit (trainer, GeoModel) -> io -> apps (the CLI, the demo workflow
+and the dashboard); see docs/architecture.md. The names below are the public API; they are
+imported lazily so that ``geodbk --help`` and light uses do not pay for torch, geopandas and
+xarray at import time.
 
 >>> import geodbk
 >>> ds = geodbk.load_sample_dataset("PR", quarters="2023Q4")        # doctest: +SKIP

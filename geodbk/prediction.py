@@ -37,7 +37,7 @@ class Prediction:
     sd: np.ndarray
     measurement_sd: np.ndarray | None = None
 
-    def measurement(self) -> "Prediction":
+    def measurement(self) -> Prediction:
         """The distribution of a new measurement with the points' test counts (sd = measurement_sd)."""
         if self.measurement_sd is None:
             return self
@@ -66,7 +66,7 @@ class Prediction:
     def __len__(self) -> int:
         return len(self.mean)
 
-    def subset(self, index: np.ndarray) -> "Prediction":
+    def subset(self, index: np.ndarray) -> Prediction:
         """The predictions at ``index`` (boolean mask or integer positions)."""
         extra = None if self.measurement_sd is None else self.measurement_sd[index]
         return Prediction(self.mean[index], self.sd[index], extra)

@@ -20,9 +20,10 @@ The model sees each tile as a point ``(u, v)`` in "unit" coordinates. Two maps a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import ClassVar, Iterable
+from typing import ClassVar
 
 import numpy as np
 import pyproj
@@ -77,7 +78,7 @@ class CoordinateTransform:
             raise InputDataError(f"degenerate bounding box {self.to_dict()}")
 
     @classmethod
-    def from_bounds(cls, bounds: Iterable[float]) -> "CoordinateTransform":
+    def from_bounds(cls, bounds: Iterable[float]) -> CoordinateTransform:
         """From ``(west, south, east, north)``."""
         west, south, east, north = (float(v) for v in bounds)
         return cls(west, south, east, north)
@@ -87,7 +88,7 @@ class CoordinateTransform:
         """``(umin, vmin, umax, vmax)`` of the box in unit coordinates: always ``(-1, -1, 1, 1)``."""
         return (-1.0, -1.0, 1.0, 1.0)
 
-    def to_unit(self, lonlat: np.ndarray) -> np.ndarray:
+    def to_unit(self, lonlat: ArrayLike) -> np.ndarray:
         """``(n, 2)`` lon/lat degrees -> ``(n, 2)`` float64 coordinates, the box -> [-1, 1]^2."""
         lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
         lo = np.array([self.west, self.south])
@@ -110,7 +111,7 @@ class CoordinateTransform:
         return {"kind": self.kind, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CoordinateTransform":
+    def from_dict(cls, d: dict) -> CoordinateTransform:
         """Inverse of :meth:`to_dict`; ``"kind"`` may be missing (files written before it existed)."""
         _check_kind(d, cls.kind)
         return cls(float(d["west"]), float(d["south"]), float(d["east"]), float(d["north"]))
@@ -176,7 +177,7 @@ class ProjectedTransform:
             raise InputDataError(f"projected transform has scale_m <= 0 or |lat0| > 90: {self}")
 
     @classmethod
-    def from_lonlat(cls, lonlat: ArrayLike) -> "ProjectedTransform":
+    def from_lonlat(cls, lonlat: ArrayLike) -> ProjectedTransform:
         """Fit to ``(n, 2)`` lon/lat degrees: centre on the circular mean longitude and the mean
         latitude, then scale so that the data's longer side spans ``[-1, 1]``."""
         pts = np.asarray(lonlat, dtype=np.float64)
@@ -203,7 +204,9 @@ class ProjectedTransform:
     @property
     def crs(self) -> pyproj.CRS:
         """The LAEA projection of :meth:`to_metres`."""
-        return _laea_transformer(self.lon0, self.lat0).target_crs
+        crs = _laea_transformer(self.lon0, self.lat0).target_crs
+        assert crs is not None  # built from two CRSs, so both ends are known
+        return crs
 
     def to_metres(self, lonlat: ArrayLike) -> np.ndarray:
         """``(n, 2)`` lon/lat degrees -> ``(n, 2)`` float64 projected x/y, metres."""
@@ -245,7 +248,7 @@ class ProjectedTransform:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ProjectedTransform":
+    def from_dict(cls, d: dict) -> ProjectedTransform:
         """Inverse of :meth:`to_dict`."""
         _check_kind(d, cls.kind)
         try:

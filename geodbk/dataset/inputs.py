@@ -19,8 +19,9 @@ names points outside the fitted extent or time range.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ QUARTER_YEARS = 0.25
 #: Time span (years) below which the time axis is not stretched further (one fitted quarter).
 _MIN_HALF_SPAN_YEARS = 0.5
 
-TimeLike = Union[str, float, np.ndarray, Sequence[float], None]
+TimeLike = str | float | np.ndarray | Sequence[float] | None
 
 
 def quarter_years(year: Any, quarter: Any) -> np.ndarray:
@@ -92,7 +93,7 @@ class TimeAxis:
         return {"first": self.first, "last": self.last}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TimeAxis":
+    def from_dict(cls, d: dict) -> TimeAxis:
         return cls(float(d["first"]), float(d["last"]))
 
 
@@ -106,12 +107,12 @@ class InputSpace:
         protocol: ``"space-time"`` or ``"paper"``.
     """
 
-    coords: Union[CoordinateTransform, ProjectedTransform]
+    coords: CoordinateTransform | ProjectedTransform
     time: TimeAxis | None = None
     protocol: str = "space-time"
 
     @classmethod
-    def for_dataset(cls, dataset: Any, protocol: str = "space-time") -> "InputSpace":
+    def for_dataset(cls, dataset: Any, protocol: str = "space-time") -> InputSpace:
         """The input space of a :class:`geodbk.dataset.SpatialDataset`.
 
         ``space-time``: projection and scale from all of the dataset's tile centres (locations
@@ -137,10 +138,13 @@ class InputSpace:
         """(n,) decimal years of ``when`` (default the latest fitted quarter), or None without time."""
         if self.time is None:
             return None
-        years = parse_time(when)
-        if years is None:
-            years = self.time.last
-        years = np.broadcast_to(np.asarray(years, dtype=np.float64), (n,)) if np.ndim(years) == 0 else years
+        parsed = parse_time(when)
+        if parsed is None:
+            parsed = self.time.last
+        if np.ndim(parsed) == 0:
+            years = np.broadcast_to(np.asarray(parsed, dtype=np.float64), (n,))
+        else:
+            years = np.asarray(parsed)
         if len(years) != n:
             raise InputDataError(f"time has {len(years)} values for {n} points")
         return years
@@ -153,7 +157,7 @@ class InputSpace:
         """
         xy = self.coords.to_unit(lonlat)
         years = self.years(when, len(xy))
-        if years is None:
+        if years is None or self.time is None:  # years is None exactly when time is
             return xy
         return np.column_stack([xy, self.time.to_unit(years)])
 
@@ -168,14 +172,15 @@ class InputSpace:
         if outside.any():
             problems.append(f"{int(outside.sum())} of {len(outside)} point(s) lie outside the fitted extent")
         years = self.years(when, len(outside))
-        if years is not None and len(years):
+        if years is not None and self.time is not None and len(years):
             late, early = float(years.max()), float(years.min())
             ahead = (late - self.time.last) / QUARTER_YEARS
             if ahead > 1e-6:
                 what = "one quarter" if ahead < 1 + 1e-6 else f"{ahead:.0f} quarters"
                 problems.append(f"{quarter_label(late)} is {what} after the last fitted quarter {self.latest}")
             if early < self.time.first - 1e-6:
-                problems.append(f"{quarter_label(early)} is before the first fitted quarter {quarter_label(self.time.first)}")
+                first = quarter_label(self.time.first)
+                problems.append(f"{quarter_label(early)} is before the first fitted quarter {first}")
         return "; ".join(problems) + ": predictions there are extrapolation" if problems else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,6 +191,6 @@ class InputSpace:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "InputSpace":
+    def from_dict(cls, d: dict) -> InputSpace:
         time = d.get("time")
         return cls(transform_from_dict(d["coords"]), None if time is None else TimeAxis.from_dict(time), d["protocol"])

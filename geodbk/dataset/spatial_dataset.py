@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
 
 import geopandas as gpd
 import numpy as np
@@ -23,13 +23,13 @@ import shapely
 
 from geodbk import paths
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
+from geodbk.dataset.inputs import parse_quarter_label
+from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path
 from geodbk.ingest.ookla import SERVICES, as_tiles, read_tiles
 from geodbk.ingest.quadkey import quadkey_centres
 from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
-from geodbk.dataset.inputs import parse_quarter_label
-from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
 from geodbk.ingest.urbanrural import tag_urban_rural
 
 #: target name -> (source column, divisor to the unit, unit)
@@ -94,7 +94,7 @@ class SpatialDataset:
             raise InputDataError(f"split must be one of {SPLITS} or 'all', got {split!r}")
         return self.frame[self.frame["split"] == split]
 
-    def with_split(self, protocol: str, *, seed: int | None = None, block_m: float | None = None) -> "SpatialDataset":
+    def with_split(self, protocol: str, *, seed: int | None = None, block_m: float | None = None) -> SpatialDataset:
         """A copy with rows re-split by ``protocol`` (``random``, ``spatial-block``, ``forecast``).
 
         ``spatial-block`` holds out whole squares of ``block_m`` metres (default 10 km) in an
@@ -126,7 +126,10 @@ class SpatialDataset:
             f"{self.quarters[0]}..{self.quarters[-1]}; {self.split_protocol} split 8:1:1 with seed {self.seed}"
             + (f" ({self.block_m / 1000:g} km blocks)" if self.split_protocol == "spatial-block" else ""),
             "region box (W S E N): "
-            + " ".join(f"{v:.6f}" for v in (self.transform.west, self.transform.south, self.transform.east, self.transform.north)),
+            + " ".join(
+                f"{v:.6f}"
+                for v in (self.transform.west, self.transform.south, self.transform.east, self.transform.north)
+            ),
             f"urban/rural route: {self.urban_route}",
             "dropped: " + (", ".join(f"{k} {v:,}" for k, v in self.dropped.items()) or "none"),
         ]
@@ -193,7 +196,7 @@ class SpatialDataset:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "SpatialDataset":
+    def load(cls, path: str | Path) -> SpatialDataset:
         """Read a file written by :meth:`save`."""
         path = Path(path)
         try:
@@ -319,7 +322,7 @@ def build_dataset(
 
     wanted = parse_quarters(quarters)
     if wanted is not None:
-        present = set(zip(tiles["year"].astype(int), tiles["quarter"].astype(int)))
+        present = set(zip(tiles["year"].astype(int), tiles["quarter"].astype(int), strict=True))
         absent = [f"{y}Q{q}" for y, q in wanted if (y, q) not in present]
         if absent:
             have = ", ".join(f"{y}Q{q}" for y, q in sorted(present))

@@ -11,9 +11,10 @@ Asking about places or quarters outside the fitted domain warns with an
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,11 +24,9 @@ import torch
 import xarray as xr
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
+from geodbk.dataset.inputs import QUARTER_YEARS, InputSpace, TimeLike, parse_time, quarter_label, quarter_years
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.dataset.inputs import QUARTER_YEARS, InputSpace, TimeLike, parse_time, quarter_label, quarter_years
-from geodbk.models.config import ModelConfig
-from geodbk.prediction import ChangePrediction, Prediction
 from geodbk.fit.domain import DomainReport
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
@@ -36,7 +35,8 @@ from geodbk.ingest.quadkey import OOKLA_ZOOM
 from geodbk.ingest.regions import Region
 from geodbk.maps.geometry import RegionLike
 from geodbk.maps.predict import predict_region
-from geodbk.models.config import TrainConfig
+from geodbk.models.config import ModelConfig, TrainConfig
+from geodbk.prediction import ChangePrediction, Prediction
 
 #: Positional-encoding wavelengths of the space-time protocol: the shortest, metres, and how
 #: many. On PR validation data (30 epochs) 1000 m / 8 scales, 500 m / 8 and 300 m / 10 scored
@@ -116,7 +116,7 @@ class GeoModel:
         fitted = "time-free inputs"
         axis = self.inputs.time
         if axis is not None:
-            years = np.concatenate([np.atleast_1d(self.inputs.years(when, 1)) for when in times] or [[axis.last]])
+            years = np.concatenate([self._years(when, 1) for when in times] or [np.array([axis.last])])
             after = max(0.0, float(years.max() - axis.last) / QUARTER_YEARS)
             before = max(0.0, float(axis.first - years.min()) / QUARTER_YEARS)
             first, last = quarter_label(axis.first), quarter_label(axis.last)
@@ -136,6 +136,12 @@ class GeoModel:
             warnings.warn(f"{self.kind}: {problem}", ExtrapolationWarning, stacklevel=3)
         return self.inputs.features(lonlat, time)
 
+    def _years(self, when: TimeLike, n: int) -> np.ndarray:
+        """(n,) decimal years of ``when`` for a model with time (every model with a residual field)."""
+        years = self.inputs.years(when, n)
+        assert years is not None  # residual fields and domain_report's quarters come with a time axis
+        return years
+
     def predict(
         self, lonlat: np.ndarray, time: TimeLike = None, *, tests: np.ndarray | None = None, batch_size: int = 65536
     ) -> Prediction:
@@ -148,19 +154,23 @@ class GeoModel:
         prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
         if self.residuals is None:
             return prediction
-        return self._with_residuals(prediction, *self.residuals.condition(lonlat, self.inputs.years(time, len(lonlat))))
+        return self._with_residuals(prediction, *self.residuals.condition(lonlat, self._years(time, len(lonlat))))
 
     def _with_residuals(self, prediction: Prediction, shift: np.ndarray, var: np.ndarray) -> Prediction:
         """The GP's prediction plus the local field's kriged residual ``shift`` and its conditional
         ``var``: mean + shift, sd^2 -> s sd^2 + var (both sds)."""
+        assert self.residuals is not None  # only called with a residual field
         scale = self.residuals.kernel.variance_scale
 
-        def widened(sd: np.ndarray | None) -> np.ndarray | None:
-            return None if sd is None else np.sqrt(scale * sd**2 + var)
+        def widened(sd: np.ndarray) -> np.ndarray:
+            return np.sqrt(scale * sd**2 + var)
 
-        return Prediction(prediction.mean + shift, widened(prediction.sd), widened(prediction.measurement_sd))
+        measurement_sd = None if prediction.measurement_sd is None else widened(prediction.measurement_sd)
+        return Prediction(prediction.mean + shift, widened(prediction.sd), measurement_sd)
 
-    def predict_series(self, lonlat: np.ndarray, times: Sequence[TimeLike], *, batch_size: int = 65536) -> list[Prediction]:
+    def predict_series(
+        self, lonlat: np.ndarray, times: Sequence[TimeLike], *, batch_size: int = 65536
+    ) -> list[Prediction]:
         """Tile-mean predictions at ``lonlat`` (n, 2) degrees for each of several quarters, one
         :class:`Prediction` per entry of ``times``. The same as calling :meth:`predict` per
         quarter, but the local residual field solves each neighbourhood once for all of them."""
@@ -168,15 +178,15 @@ class GeoModel:
         gp = [self.regressor.predict(self.features(lonlat, when), batch_size=batch_size) for when in times]
         if self.residuals is None or not gp:
             return gp
-        years = np.stack([self.inputs.years(when, len(lonlat)) for when in times])
+        years = np.stack([self._years(when, len(lonlat)) for when in times])
         shift, var = self.residuals.condition(lonlat, years)
         return [self._with_residuals(p, shift[t], var[t]) for t, p in enumerate(gp)]
 
     def predict_tiles(self, tiles: pd.DataFrame) -> Prediction:
         """Predictions for dataset rows (columns lon, lat, year, quarter, tests): each at its own
         quarter, with ``measurement_sd`` for its own test count."""
-        years = quarter_years(tiles["year"], tiles["quarter"])
-        return self.predict(tiles[["lon", "lat"]].to_numpy(np.float64), years, tests=tiles["tests"].to_numpy(np.float64))
+        lonlat, years = tiles[["lon", "lat"]].to_numpy(np.float64), quarter_years(tiles["year"], tiles["quarter"])
+        return self.predict(lonlat, years, tests=tiles["tests"].to_numpy(np.float64))
 
     def predict_change(self, lonlat: np.ndarray, time_from: TimeLike, time_to: TimeLike = None) -> ChangePrediction:
         """The change of the latent log10 surface at ``lonlat`` (n, 2) degrees from quarter
@@ -189,15 +199,17 @@ class GeoModel:
         """
         self._require_kernel()
         if self.inputs.time is None:
-            raise InputDataError(f"the {self.kind} model is time-free ({self.inputs.protocol} protocol); it has no change")
+            raise InputDataError(
+                f"the {self.kind} model is time-free ({self.inputs.protocol} protocol); it has no change"
+            )
         lonlat = _lonlat(lonlat, "lonlat")
         X_from, X_to = self.features(lonlat, time_from), self.features(lonlat, time_to)
         before, after = self.predict_series(lonlat, [time_from, time_to])
         var = self.regressor.difference_variance(X_from, X_to)
         nugget = self.regressor.tile_noise_variance  # in the tile-mean sd, not in the latent f
         if self.residuals is not None:
-            years_from = self.inputs.years(time_from, len(lonlat))
-            years_to = self.inputs.years(time_to, len(lonlat))
+            years_from = self._years(time_from, len(lonlat))
+            years_to = self._years(time_to, len(lonlat))
             scale = self.residuals.kernel.variance_scale
             var = scale * var + self.residuals.change_variance(lonlat, years_from, years_to)
             nugget *= scale
@@ -205,7 +217,8 @@ class GeoModel:
         def latent(p: Prediction) -> np.ndarray:
             return np.sqrt(np.maximum(p.sd**2 - nugget, 0.0))
 
-        return ChangePrediction(after.mean - before.mean, np.sqrt(var), before.mean, after.mean, latent(before), latent(after))
+        change = after.mean - before.mean
+        return ChangePrediction(change, np.sqrt(var), before.mean, after.mean, latent(before), latent(after))
 
     def predict_areas(
         self,
@@ -249,7 +262,7 @@ class GeoModel:
         var = self.regressor.weighted_sum_variance(X, w, groups, n_groups)
         var += self.regressor.tile_noise_variance * np.bincount(groups, weights=w**2, minlength=n_groups)
         if self.residuals is not None:
-            shift, local_var = self.residuals.condition(lonlat, self.inputs.years(time, len(lonlat)))
+            shift, local_var = self.residuals.condition(lonlat, self._years(time, len(lonlat)))
             mean = mean + shift
             var = self.residuals.kernel.variance_scale * var
             var += self.residuals.area_variance(lonlat, local_var, w, groups, n_groups)
@@ -263,7 +276,8 @@ class GeoModel:
         Inputs in degrees; ``time`` as in :meth:`features` but a single quarter.
         """
         self._require_kernel()
-        if np.ndim(parse_time(time)) > 0:
+        parsed = parse_time(time)
+        if parsed is not None and np.ndim(parsed) > 0:
             raise InputDataError("a kernel slice is taken at one quarter; give time as '2023Q4' or one decimal year")
         X = self.features(lonlat, time)
         return self.regressor.kernel(X, self.inputs.features(_lonlat(ref_lonlat, "ref_lonlat"), time))
@@ -350,7 +364,7 @@ class GeoModel:
         write_payload(payload, path)
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "GeoModel":
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> GeoModel:
         """Read a file written by :meth:`save` (or a first-format, time-free model file)."""
         payload = read_payload(path, device)
         kind = payload.get("format")
@@ -404,7 +418,8 @@ def fit_dataset(
     def rows(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         part = dataset.subset(split)
         lonlat, years = part[["lon", "lat"]].to_numpy(np.float64), quarter_years(part["year"], part["quarter"])
-        return inputs.features(lonlat, years), part["y"].to_numpy(np.float64), part["tests"].to_numpy(np.float64), lonlat, years
+        y, tests = part["y"].to_numpy(np.float64), part["tests"].to_numpy(np.float64)
+        return inputs.features(lonlat, years), y, tests, lonlat, years
 
     X, y, tests, lonlat, years = rows("train")
     X_val, y_val, tests_val, lonlat_val, years_val = rows("val")
@@ -415,8 +430,8 @@ def fit_dataset(
     if local_residuals and protocol == "space-time" and regressor.has_kernel:
         train_pred, val_pred = regressor.predict(X, tests=tests), regressor.predict(X_val, tests=tests_val)
         residuals = ResidualField.fit(
-            lonlat, years, y - train_pred.mean, train_pred.measurement_sd**2,
-            lonlat_val, years_val, y_val - val_pred.mean, val_pred.measurement_sd**2,
+            lonlat, years, y - train_pred.mean, train_pred.measurement().sd**2,
+            lonlat_val, years_val, y_val - val_pred.mean, val_pred.measurement().sd**2,
         )
     meta = {
         "kind": kind,

@@ -11,7 +11,7 @@ import itertools
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -56,6 +56,18 @@ def as_test_counts(tests: Any, n: int, name: str = "tests") -> np.ndarray:
     return arr
 
 
+class _GPModule(Protocol):
+    """What :class:`Regressor` calls on a zoo model beyond ``nn.Module`` (GP kinds have all of it)."""
+
+    def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor: ...
+
+    def prior_variance(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def posterior_factors(self, x: torch.Tensor) -> Any: ...
+
+    def noise(self) -> torch.Tensor: ...
+
+
 @dataclass
 class Regressor:
     """A fitted model of kind ``kind`` on ``input_dim``-dimensional inputs.
@@ -89,6 +101,11 @@ class Regressor:
     @property
     def dtype(self) -> torch.dtype:
         return self.model_config.torch_dtype
+
+    @property
+    def _gp(self) -> _GPModule:
+        """The model, typed by the zoo's duck-typed GP methods (nn.Module does not declare them)."""
+        return cast(_GPModule, self.model)
 
     def _tensor(self, X: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(X, dtype=self.dtype, device=self.device)
@@ -130,7 +147,7 @@ class Regressor:
         self.model.eval()
         ref = self._tensor(X_ref)
         blocks = [
-            self.model.kernel(self._tensor(X[start : start + batch_size]), ref).double().cpu().numpy()
+            self._gp.kernel(self._tensor(X[start : start + batch_size]), ref).double().cpu().numpy()
             for start in range(0, len(X), batch_size)
         ]
         out = np.concatenate(blocks) if blocks else np.empty((0, len(X_ref)))
@@ -142,7 +159,7 @@ class Regressor:
         X = as_inputs(X, self.input_dim)
         self.model.eval()
         blocks = [
-            self.model.prior_variance(self._tensor(X[start : start + batch_size])).double().cpu().numpy()
+            self._gp.prior_variance(self._tensor(X[start : start + batch_size])).double().cpu().numpy()
             for start in range(0, len(X), batch_size)
         ]
         return (np.concatenate(blocks) if blocks else np.empty(0)) * self.y_std**2
@@ -151,7 +168,7 @@ class Regressor:
     def tile_noise_variance(self) -> float:
         """sigma0^2 in target units^2: the noise left in a tile mean of many tests."""
         with torch.no_grad():
-            return float(self.model.noise()) * self.y_std**2
+            return float(self._gp.noise()) * self.y_std**2
 
     # --- joint posterior of linear functionals of f ----------------------------------------
     def _factors(self, X: np.ndarray) -> Any:
@@ -159,7 +176,7 @@ class Regressor:
         if not hasattr(self.model, "posterior_factors"):
             raise InputDataError(f"the {self.kind} model has no joint posterior (it is not a GP)")
         self.model.eval()
-        factors = self.model.posterior_factors(self._tensor(X))
+        factors = self._gp.posterior_factors(self._tensor(X))
         for name in ("plus", "minus", "rbf_inputs", "rbf_outputscale", "diagonal"):
             value = getattr(factors, name)
             if value is not None:
@@ -185,7 +202,8 @@ class Regressor:
             if a.minus is not None:
                 var = var - (b.minus - a.minus).pow(2).sum(-1)
             if a.rbf_inputs is not None:
-                var = var + 2.0 * a.rbf_outputscale * (1.0 - torch.exp(-0.5 * (b.rbf_inputs - a.rbf_inputs).pow(2).sum(-1)))
+                distance2 = (b.rbf_inputs - a.rbf_inputs).pow(2).sum(-1)
+                var = var + 2.0 * a.rbf_outputscale * (1.0 - torch.exp(-0.5 * distance2))
             if a.diagonal is not None:
                 var = var + a.diagonal + b.diagonal
             out[rows] = var.clamp_min(0.0).cpu().numpy()
@@ -206,7 +224,9 @@ class Regressor:
         weights = np.asarray(weights, dtype=np.float64).reshape(-1)
         groups = np.asarray(groups, dtype=np.int64).reshape(-1)
         if not (len(weights) == len(groups) == len(X)):
-            raise InputDataError(f"X, weights and groups need one row each, got {len(X)}, {len(weights)}, {len(groups)}")
+            raise InputDataError(
+                f"X, weights and groups need one row each, got {len(X)}, {len(weights)}, {len(groups)}"
+            )
         if len(groups) and (groups.min() < 0 or groups.max() >= n_groups):
             raise InputDataError(f"groups must be integers in [0, {n_groups})")
         order = np.argsort(groups, kind="stable")
@@ -215,7 +235,7 @@ class Regressor:
         plus = minus = None
         diagonal = torch.zeros(n_groups, dtype=torch.float64, device=device)
         kernel_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        scale = None
+        scale: torch.Tensor | None = None
         for start in range(0, len(X), batch_size):
             rows = slice(start, start + batch_size)
             f = self._factors(X[rows])
@@ -239,7 +259,9 @@ class Regressor:
         if minus is not None:
             var -= minus.pow(2).sum(-1)
         if kernel_rows:
-            var += scale * _grouped_rbf_quadratic_form(*(torch.cat(parts) for parts in zip(*kernel_rows)), n_groups, batch_size)
+            assert scale is not None  # set with every kernel row
+            z, z_weights, z_groups = (torch.cat(parts) for parts in zip(*kernel_rows, strict=True))
+            var += scale * _grouped_rbf_quadratic_form(z, z_weights, z_groups, n_groups, batch_size)
         return var.clamp_min(0.0).cpu().numpy() * self.y_std**2
 
     # --- persistence -----------------------------------------------------------------------
@@ -259,7 +281,7 @@ class Regressor:
         }
 
     @classmethod
-    def from_payload(cls, payload: dict[str, Any], device: str | torch.device = "cpu") -> "Regressor":
+    def from_payload(cls, payload: dict[str, Any], device: str | torch.device = "cpu") -> Regressor:
         """Rebuild from :meth:`to_payload` output on ``device`` ("auto" allowed)."""
         if payload.get("format") != "geodbk.fit.regressor/1":
             raise InputDataError("not a geodbk regressor file (missing format tag)")
@@ -284,7 +306,7 @@ class Regressor:
         write_payload(self.to_payload(), path)
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "Regressor":
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> Regressor:
         """Read a file written by :meth:`save`; tensors are mapped to ``device``."""
         return cls.from_payload(read_payload(path, device), device)
 

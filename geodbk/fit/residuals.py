@@ -79,7 +79,7 @@ class LocalKernel:
         return np.log(np.array(list(asdict(self).values())))
 
     @classmethod
-    def from_vector(cls, v: np.ndarray) -> "LocalKernel":
+    def from_vector(cls, v: np.ndarray) -> LocalKernel:
         return cls(*map(float, np.exp(v)))
 
     @property
@@ -91,7 +91,8 @@ class LocalKernel:
         """k_local for arrays of distances (metres) and time lags (years) of the same shape."""
         decay = np.exp(-np.abs(dt_years) / self.time_scale)
         same = distance_m < _SAME_TILE_M
-        return same * (self.tile_var + self.tile_time_var * decay) + self.local_var * np.exp(-distance_m / self.range_m) * decay
+        local = self.local_var * np.exp(-distance_m / self.range_m) * decay
+        return same * (self.tile_var + self.tile_time_var * decay) + local
 
 
 def tile_centres(lonlat: np.ndarray) -> np.ndarray:
@@ -155,7 +156,9 @@ class ResidualField:
         pairwise = np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1))
         return index, distance, years[:, None] - t, pairwise, t[:, :, None] - t[:, None, :]
 
-    def _gram(self, index: np.ndarray, pairwise: np.ndarray, pairwise_lag: np.ndarray, kernel: LocalKernel) -> np.ndarray:
+    def _gram(
+        self, index: np.ndarray, pairwise: np.ndarray, pairwise_lag: np.ndarray, kernel: LocalKernel
+    ) -> np.ndarray:
         """A = K_mm + s D_m, (n, m, m): the neighbours' local kernel plus their scaled noise."""
         gram = kernel(pairwise, pairwise_lag)
         diagonal = np.arange(index.shape[1])
@@ -244,7 +247,7 @@ class ResidualField:
         *,
         neighbours: int = NEIGHBOURS,
         seed: int = 0,
-    ) -> "ResidualField":
+    ) -> ResidualField:
         """Choose the kernel by the validation NLL of ``mu_GP + kriged residual`` under
         ``N(., s var_GP + conditional var)``.
 
@@ -282,14 +285,20 @@ class ResidualField:
             "kernel": asdict(self.kernel),
             "projection": self.projection.to_dict(),
             "neighbours": self.neighbours,
-            **{name: torch.tensor(np.array(getattr(self, name))) for name in ("xy_m", "years", "residual", "noise_var")},
+            **{
+                name: torch.tensor(np.array(getattr(self, name)))
+                for name in ("xy_m", "years", "residual", "noise_var")
+            },
         }
 
     @classmethod
-    def from_payload(cls, payload: dict[str, Any]) -> "ResidualField":
+    def from_payload(cls, payload: dict[str, Any]) -> ResidualField:
+        xy_m, years, residual, noise_var = (
+            payload[name].cpu().numpy() for name in ("xy_m", "years", "residual", "noise_var")
+        )
         return cls(
             LocalKernel(**payload["kernel"]),
             ProjectedTransform.from_dict(payload["projection"]),
-            *(payload[name].cpu().numpy() for name in ("xy_m", "years", "residual", "noise_var")),
+            xy_m, years, residual, noise_var,
             neighbours=int(payload["neighbours"]),
         )

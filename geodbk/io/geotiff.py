@@ -1,9 +1,10 @@
-"""GeoTIFF and Cloud-Optimized GeoTIFF export of a prediction grid: one band per variable (per quarter), descriptions from the variable names, nodata outside the region."""
+"""GeoTIFF and Cloud-Optimized GeoTIFF export of a prediction grid: one band per variable (per quarter),
+descriptions from the variable names, nodata outside the region."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import rioxarray  # noqa: F401  (registers the .rio accessor)
@@ -26,7 +27,10 @@ def geotiff_bands(ds: xr.Dataset, variables: Sequence[str] | None = None) -> xr.
     ``long_name`` attribute (a tuple, which rioxarray writes as band descriptions); each
     band's ``name``, ``units`` and ``quarter`` are in ``band_tags``.
     """
-    names = list(variables) if variables is not None else [v for v in ds.data_vars if set(ds[v].dims) >= {"y", "x"}]
+    if variables is not None:
+        names = list(variables)
+    else:
+        names = [str(v) for v in ds.data_vars if set(ds[v].dims) >= {"y", "x"}]
     missing = [n for n in names if n not in ds.data_vars]
     if missing:
         raise InputDataError(f"grid has no variable(s) {missing}; it has {list(ds.data_vars)}")

@@ -1,2 +1,3 @@
-"""Maps: regular grids over a region, block-wise prediction into CF xarray datasets, the grid schema, thresholds, reference points and polygon summaries.
+"""Maps: regular grids over a region, block-wise prediction into CF xarray datasets, the grid schema,
+thresholds, reference points and polygon summaries.
 """

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import pyproj
@@ -93,7 +94,9 @@ def _region_geometry(region: RegionLike) -> tuple[BaseGeometry, str]:
         return shapely.box(west, south, east, north), f"bbox({west}, {south}, {east}, {north})"
     geometry = getattr(region, "geometry", None)
     if not isinstance(geometry, BaseGeometry):
-        raise RegionError(f"expected a Region, a (west, south, east, north) bbox or a geometry, got {type(region).__name__}")
+        raise RegionError(
+            f"expected a Region, a (west, south, east, north) bbox or a geometry, got {type(region).__name__}"
+        )
     return geometry, str(getattr(region, "name", "region"))
 
 
@@ -121,7 +124,7 @@ class RegularGrid:
         resolution: float | str,
         *,
         crs: str | int | pyproj.CRS | None = None,
-    ) -> "RegularGrid":
+    ) -> RegularGrid:
         """Cover ``region`` with square cells of ``resolution``.
 
         Parameters
@@ -159,7 +162,8 @@ class RegularGrid:
                 "give the resolution in metres (e.g. '500m')"
             )
         to_grid = pyproj.Transformer.from_crs(WGS84, grid_crs, always_xy=True)
-        west, south, east, north = to_grid.transform_bounds(*geometry.bounds, densify_pts=21)
+        lon_min, lat_min, lon_max, lat_max = geometry.bounds
+        west, south, east, north = to_grid.transform_bounds(lon_min, lat_min, lon_max, lat_max, densify_pts=21)
         west = math.floor(round(west / value, 9)) * value
         north = math.ceil(round(north / value, 9)) * value
         width = max(1, math.ceil(round((east - west) / value, 9)))

@@ -1,9 +1,11 @@
-"""Reference points for kernel slices: a dense urban place, a well-observed rural place, and the wildland cell farthest from data."""
+"""Reference points for kernel slices: a dense urban place, a well-observed rural place, and the wildland
+cell farthest from data."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,7 +23,7 @@ def _local_xy(lonlat: np.ndarray, lat0: float) -> np.ndarray:
 
 
 def reference_points(
-    dataset: "SpatialDataset",
+    dataset: SpatialDataset,
     grid: RegularGrid | None = None,
     *,
     radius_km: float = 3.0,

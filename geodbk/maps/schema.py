@@ -35,8 +35,9 @@ Several quarters give a CF ``time`` coordinate (the first day of each quarter, w
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -44,10 +45,10 @@ import pyproj
 import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
-from geodbk.errors import InputDataError
 from geodbk.dataset.inputs import parse_quarter_label, parse_time
-from geodbk.prediction import Z95, probability_below, to_data_units
+from geodbk.errors import InputDataError
 from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
+from geodbk.prediction import Z95, probability_below, to_data_units
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.maps.geometry import RegularGrid
@@ -126,13 +127,17 @@ class GridLayers:
         threshold: float | str | None = DEFAULT,
         change: tuple[str, str] | Sequence[str] | None = None,
         refs: Mapping[str, tuple[float, float]] | None = None,
-    ) -> "GridLayers":
+    ) -> GridLayers:
         """Resolve the grid's contents for ``model`` (see :func:`geodbk.maps.predict.predict_grid`)."""
         meta = model_meta(model)
         has_kernel = bool(getattr(model, "has_kernel", True))
         latest = getattr(model, "latest_quarter", None)
         stacked = time is not None and not isinstance(time, str)
-        quarters: tuple[str | None, ...] = tuple(time) if stacked else (time or latest,)  # type: ignore[arg-type]
+        quarters: tuple[str | None, ...]
+        if time is None or isinstance(time, str):
+            quarters = (time or latest,)
+        else:
+            quarters = tuple(time)
         if not quarters:
             raise InputDataError("give at least one quarter to map")
         if stacked and latest is None:
@@ -243,8 +248,12 @@ class GridLayers:
             coords["quarter"] = ("time", np.asarray(self.quarters, dtype=object), {"long_name": "quarter label"})
         if self.ref_lonlat is not None:
             coords["ref"] = ("ref", np.asarray(self.ref_names, dtype=object), {"long_name": "reference point name"})
-            coords["ref_lon"] = ("ref", self.ref_lonlat[:, 0], {"long_name": "reference point longitude", "units": "degrees_east"})
-            coords["ref_lat"] = ("ref", self.ref_lonlat[:, 1], {"long_name": "reference point latitude", "units": "degrees_north"})
+            coords["ref_lon"] = (
+                "ref", self.ref_lonlat[:, 0], {"long_name": "reference point longitude", "units": "degrees_east"}
+            )
+            coords["ref_lat"] = (
+                "ref", self.ref_lonlat[:, 1], {"long_name": "reference point latitude", "units": "degrees_north"}
+            )
         return coords
 
     def values(self, model: Any, lonlat: np.ndarray) -> dict[str, np.ndarray]:
@@ -259,12 +268,14 @@ class GridLayers:
             layers = [mean, sd, 2.0 * Z95 * sd, *to_data_units(mean, sd)]
             if self.threshold is not None:
                 layers.append(probability_below(mean, sd, np.log10(self.threshold)))
-            for name, layer in zip(per_quarter, layers):
+            for name, layer in zip(per_quarter, layers, strict=True):
                 per_quarter[name].append(layer)
         out = {name: (np.stack(parts) if self.stacked else parts[0]) for name, parts in per_quarter.items()}
         if self.change is not None:
             change = model.predict_change(lonlat, *self.change)
-            out.update(zip(self.change_names(), (change.mean, change.sd, change.p_increase, change.median_change)))
+            out.update(
+                zip(self.change_names(), (change.mean, change.sd, change.p_increase, change.median_change), strict=True)
+            )
         if self.ref_lonlat is not None:
             k = np.asarray(model.kernel_slice(lonlat, self.ref_lonlat, self.reference_quarter), dtype=np.float64)
             if k.shape != (m, len(self.ref_lonlat)):
@@ -283,8 +294,14 @@ def _check_quarter(quarter: str) -> None:
 def _coordinate_attrs(crs: pyproj.CRS) -> tuple[dict[str, str], dict[str, str]]:
     if crs.is_geographic:
         return (
-            {"standard_name": "longitude", "long_name": "longitude of cell centre", "units": "degrees_east", "axis": "X"},
-            {"standard_name": "latitude", "long_name": "latitude of cell centre", "units": "degrees_north", "axis": "Y"},
+            {
+                "standard_name": "longitude", "long_name": "longitude of cell centre", "units": "degrees_east",
+                "axis": "X",
+            },
+            {
+                "standard_name": "latitude", "long_name": "latitude of cell centre", "units": "degrees_north",
+                "axis": "Y",
+            },
         )
     unit = crs.axis_info[0].unit_name if crs.axis_info else "metre"
     units = "m" if unit in ("metre", "meter") else unit

@@ -35,8 +35,8 @@ from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.schema import model_meta
-from geodbk.prediction import probability_below, to_data_units
 from geodbk.maps.thresholds import DEFAULT, resolve_threshold
+from geodbk.prediction import probability_below, to_data_units
 
 #: Cell side of the summary grid when none is given: 0.005 degrees, about one zoom-16 tile.
 DEFAULT_RESOLUTION = 0.005
@@ -55,7 +55,9 @@ def polygons_in_region(polygons: gpd.GeoDataFrame, region: shapely.Geometry) -> 
     return polygons[keep]
 
 
-def polygon_cells(polygons: gpd.GeoDataFrame, resolution: float | str = DEFAULT_RESOLUTION) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def polygon_cells(
+    polygons: gpd.GeoDataFrame, resolution: float | str = DEFAULT_RESOLUTION
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cells covering each polygon: lon/lat (m, 2) degrees, polygon index (m,) and cell
     weight (m,) proportional to its area (cos(latitude) for a degree grid).
 

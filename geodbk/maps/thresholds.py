@@ -13,7 +13,8 @@ which for latency is the good side).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from geodbk.errors import InputDataError
 
@@ -55,4 +56,6 @@ def check_threshold(value: float) -> float:
     return value
 
 
-__all__ = ["DEFAULT", "DEFAULT_THRESHOLDS", "THRESHOLD_SOURCE", "check_threshold", "default_threshold", "resolve_threshold"]
+__all__ = [
+    "DEFAULT", "DEFAULT_THRESHOLDS", "THRESHOLD_SOURCE", "check_threshold", "default_threshold", "resolve_threshold",
+]

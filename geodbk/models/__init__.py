@@ -7,11 +7,11 @@ from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion, jitter
 from geodbk.models.objectives import (
     DPPGP,
     PPGP,
+    SVGPELBO,
+    VBLLELBO,
     ExactMarginalLikelihood,
     MeanSquaredError,
     Objective,
-    SVGPELBO,
-    VBLLELBO,
     exact_posterior,
     gaussian_nll,
     woodbury_log_marginal,
@@ -20,7 +20,8 @@ from geodbk.models.zoo import ModelSpec, available_models, get_model_spec, regis
 
 __all__ = [
     "BasisGP", "BasisMap", "DPPGP", "ExactMarginalLikelihood", "GPOutput", "IdentityBackbone",
-    "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PRESETS", "PointNetwork", "PosteriorFactors",
+    "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PRESETS", "PointNetwork",
+    "PosteriorFactors",
     "RBFInducingExpansion", "ResNetBackbone", "ResidualBlock", "RunPreset", "SVGPELBO", "SiLUExpansion", "TrainConfig",
     "VBLLELBO", "available_models", "exact_posterior", "gaussian_nll", "get_model_spec",
     "jittered_cholesky", "register_model", "run_preset", "unregister_model", "woodbury_log_marginal",

@@ -9,6 +9,7 @@ on the coordinates).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -31,6 +32,8 @@ class SinusoidalEncoding(nn.Module):
 
     Shapes: ``(n, d) -> (n, d + 2 * dims * n_scales)``.
     """
+
+    angular_frequency: torch.Tensor  # buffer, (n_scales,)
 
     def __init__(
         self, input_dim: int, n_scales: int, min_wavelength: float, max_wavelength: float, dims: int = 2
@@ -86,7 +89,7 @@ class ResNetBackbone(nn.Module):
         self.input_dim = input_dim
         self.output_dim = hidden
         self.encoding = encoding if encoding is not None else nn.Identity()
-        self.stem = nn.Linear(input_dim if encoding is None else encoding.output_dim, hidden)
+        self.stem = nn.Linear(input_dim if encoding is None else cast(int, encoding.output_dim), hidden)
         self.blocks = nn.Sequential(*(ResidualBlock(hidden) for _ in range(n_blocks)))
         self.norm = nn.LayerNorm(hidden)
 

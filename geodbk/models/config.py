@@ -39,7 +39,7 @@ class RunPreset:
     batch_size: int
     note: str
 
-    def configs(self, **explicit: Any) -> tuple["ModelConfig", "TrainConfig"]:
+    def configs(self, **explicit: Any) -> tuple[ModelConfig, TrainConfig]:
         """``(ModelConfig, TrainConfig)`` of this preset; ``explicit`` settings win.
 
         ``explicit`` may name any field of either config; ``None`` values are ignored, so
@@ -143,7 +143,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         return cls(**d)
 
 

@@ -78,6 +78,12 @@ class NearestTilesModel(nn.Module):
     """
 
     has_kernel = False
+    # persistent buffers (see above)
+    spatial: torch.Tensor
+    residual: torch.Tensor
+    trend: torch.Tensor
+    k: torch.Tensor
+    var_floor: torch.Tensor
 
     def __init__(self, input_dim: int, var_floor: float = 1e-6) -> None:
         super().__init__()
@@ -126,8 +132,8 @@ class NearestTilesModel(nn.Module):
             for start in range(0, len(points), QUERY_CHUNK)
         ]
         index = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
-        index = torch.from_numpy(index.astype(np.int64).reshape(-1, k))
-        return self.residual[index.to(self.residual.device)]
+        rows = torch.from_numpy(index.astype(np.int64).reshape(-1, k))
+        return self.residual[rows.to(self.residual.device)]
 
     def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
         """Prediction at ``x`` (n, d); ``tests`` (per-row test counts) is ignored.
@@ -159,6 +165,7 @@ class NearestTilesModel(nn.Module):
             incoming = state_dict.get(prefix + name)
             if isinstance(incoming, torch.Tensor):
                 own = self._buffers[name]
+                assert own is not None  # registered in __init__
                 self._buffers[name] = torch.empty(incoming.shape, dtype=own.dtype, device=own.device)
         self._tree = None
         super()._load_from_state_dict(

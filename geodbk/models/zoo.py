@@ -21,8 +21,9 @@ after which ``fit_arrays("my-model", ...)`` and ``geodbk fit --models my-model``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 
@@ -33,11 +34,11 @@ from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion
 from geodbk.models.objectives import (
     DPPGP,
     PPGP,
+    SVGPELBO,
+    VBLLELBO,
     ExactMarginalLikelihood,
     MeanSquaredError,
     Objective,
-    SVGPELBO,
-    VBLLELBO,
 )
 
 

@@ -13,7 +13,7 @@ from geodbk.models.related.fourier_mercer import (
     StandardizedEmbedding,
     mercer_eigenpairs,
 )
-from geodbk.models.related.svdbk import CorrectedBasisGP, LinearExpansion, SVDBKELBO
+from geodbk.models.related.svdbk import SVDBKELBO, CorrectedBasisGP, LinearExpansion
 from geodbk.models.related.valla import BlackBoxAlpha, LastLayerVaLLA, prepare_valla
 
 __all__ = [

@@ -23,7 +23,7 @@ beta2 = 1e-3 by default (the paper's main tables); beta2 -> inf recovers SVGP.
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -50,6 +50,9 @@ class DecoupledSVGP(nn.Module):
     """
 
     has_kernel = True
+    #: The Omega term's weight, read by :class:`DecoupledELBO` when its ``beta2`` is None;
+    #: set by the zoo builder (absent otherwise).
+    omega_weight: float
 
     def __init__(
         self,

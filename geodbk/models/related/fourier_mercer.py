@@ -32,6 +32,7 @@ statistics consistent between the exact posterior and prediction.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -55,6 +56,8 @@ class RandomFourierExpansion(nn.Module):
     Learnable: ARD lengthscales l (init 1, stored as logs) and the outputscale s^2 (init 1).
     Shapes: ``(n, d) -> (n, r)``.
     """
+
+    base_frequencies: torch.Tensor  # buffer, (r/2, d)
 
     def __init__(self, input_dim: int, rank: int, seed: int | None = 0) -> None:
         super().__init__()
@@ -191,7 +194,7 @@ class StandardizedEmbedding(nn.Module):
         self.backbone = backbone
         self.input_dim = backbone.input_dim
         self.output_dim = embed_dim
-        self.project = nn.Linear(backbone.output_dim, embed_dim)
+        self.project = nn.Linear(cast(int, backbone.output_dim), embed_dim)
         self.standardize = nn.BatchNorm1d(embed_dim, affine=False) if standardize else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -213,7 +216,9 @@ class EmbeddingExactMML(ExactMarginalLikelihood):
         model.eval()
         if isinstance(embedding.standardize, nn.BatchNorm1d):
             raw = torch.cat([embedding.project(embedding.backbone(c)) for c in x.split(self.chunk_size)])
-            embedding.standardize.running_mean.copy_(raw.mean(0))
-            embedding.standardize.running_var.copy_(raw.var(0, unbiased=False))
+            running_mean, running_var = embedding.standardize.running_mean, embedding.standardize.running_var
+            assert running_mean is not None and running_var is not None  # track_running_stats is on
+            running_mean.copy_(raw.mean(0))
+            running_var.copy_(raw.var(0, unbiased=False))
         super().refresh(model, x, y, tests)
         model.train(was_training)

@@ -66,6 +66,8 @@ class CorrectedBasisGP(BasisGP):
         noise_init, noise_floor, test_noise: as for :class:`BasisGP`.
     """
 
+    max_train_sq_norm: torch.Tensor  # buffer, ()
+
     def __init__(
         self,
         basis: BasisMap,
@@ -82,6 +84,7 @@ class CorrectedBasisGP(BasisGP):
     def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
         out = super().forward(x, tests)
         if self.correct and not self.training:
+            assert out.phi is not None  # a BasisGP leaves phi out only for expansions that fold
             sq_norm = out.phi.pow(2).sum(-1)
             correction = torch.clamp(self.max_train_sq_norm - sq_norm, min=0.0)
             out.var_f = out.var_f + correction

@@ -28,7 +28,8 @@ paper requires, comes from :func:`geodbk.fit.train.fit_arrays`.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -53,10 +54,12 @@ class LastLayerVaLLA(nn.Module):
 
     has_kernel = True
 
-    def __init__(self, network: PointNetwork, num_inducing: int, noise_init: float = 1e-2, noise_floor: float = 1e-6) -> None:
+    def __init__(
+        self, network: PointNetwork, num_inducing: int, noise_init: float = 1e-2, noise_floor: float = 1e-6
+    ) -> None:
         super().__init__()
         self.network = network
-        self.input_dim = network.backbone.input_dim
+        self.input_dim = cast(int, network.backbone.input_dim)
         self.num_inducing = num_inducing
         self.inducing = nn.Parameter(torch.rand(num_inducing, self.input_dim) * 2.0 - 1.0)
         self.log_prior_sd = nn.Parameter(torch.zeros(()))

@@ -37,7 +37,7 @@ from geodbk.models.related.fourier_mercer import (
     RandomFourierExpansion,
     StandardizedEmbedding,
 )
-from geodbk.models.related.svdbk import CorrectedBasisGP, LinearExpansion, SVDBKELBO
+from geodbk.models.related.svdbk import SVDBKELBO, CorrectedBasisGP, LinearExpansion
 from geodbk.models.related.valla import BlackBoxAlpha, LastLayerVaLLA, prepare_valla
 from geodbk.models.zoo import DBK_NOISE_INIT, GPYTORCH_NOISE_INIT, ModelSpec, register_model, resnet
 
