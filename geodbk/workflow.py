@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from geodbk.dataset.inputs import parse_quarter_label
+from geodbk.dataset.quarters import parse_quarter_label
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_dir

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from geodbk.cli import main
+from geodbk.dataset.domain import FORECAST_QUARTERS, DomainReport
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.domain import FORECAST_QUARTERS
 from geodbk.fit.geomodel import fit_dataset, map_model_config
 from geodbk.ingest.regions import load_region
 from geodbk.maps.geometry import RegularGrid
@@ -53,6 +53,28 @@ def test_domain_report_of_places_and_quarters(pr_model) -> None:
     assert late.quarters_after == 3 and "3 quarters after" in late.problem()
     early = pr_model.domain_report(cells("PR"), ["2023Q2"])
     assert early.quarters_before == 2 and "before its first" in early.problem()
+
+
+def test_the_warning_and_the_refusal_read_one_measurement(pr_model) -> None:
+    fitted = (2019.125, 2023.875)  # 2019Q1-2023Q4
+    # a few points outside and one quarter ahead: warned about, not refused
+    mild = DomainReport(n_points=10, n_outside=3, queried=(2023.875, 2024.125), fitted=fitted, kind="dbk-rbf")
+    assert mild.warning() == ("3 of 10 point(s) lie outside the fitted extent; 2024Q1 is one quarter after the last "
+                              "fitted quarter 2023Q4: predictions there are extrapolation")
+    assert mild.problem() is None
+    far = DomainReport(n_points=10, n_outside=6, queried=(2018.875, 2023.875), fitted=fitted,
+                       kind="dbk-rbf", region="PR")
+    assert far.problem() == ("the dbk-rbf model (fitted on PR 2019Q1-2023Q4) would extrapolate: 60% of the requested "
+                             "area lies outside its fitted extent; a requested quarter is 1 quarters before its first "
+                             "fitted one")
+    assert "2018Q4 is before the first fitted quarter 2019Q1" in far.warning()
+    # the Python warning and the CLI's report of a real model agree on what they measure
+    lonlat = cells("HI")[:50]
+    report = pr_model.domain_report(lonlat, ["2024Q2"])
+    assert pr_model.inputs.extrapolation(lonlat, "2024Q2") == report.warning()
+    assert report.n_outside == 50 and report.quarters_after == 2
+    # quarters are checked even before there are cells to check
+    assert pr_model.domain_report(np.empty((0, 2)), ["2024Q3"]).quarters_after == 3
 
 
 def test_python_grid_of_another_region_warns(pr_model) -> None:

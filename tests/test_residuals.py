@@ -313,7 +313,7 @@ def pr_model(fitted):
 
 
 def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters, pr_model):
-    from geodbk.dataset.inputs import quarter_years
+    from geodbk.dataset.quarters import quarter_years
 
     field = pr_model.residuals
     assert isinstance(field, ResidualField) and pr_model.meta["local_residuals"] is True
@@ -329,7 +329,7 @@ def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters
 
 
 def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
-    from geodbk.dataset.inputs import quarter_years
+    from geodbk.dataset.quarters import quarter_years
 
     field, s = pr_model.residuals, pr_model.residuals.kernel.variance_scale
     rows = train_then_test_rows(pr_two_quarters)

@@ -92,7 +92,7 @@ def parse_change(text: str | None) -> tuple[str, str] | None:
 
 def parse_quarter(text: str, flag: str = "--quarter") -> str:
     """``" 2023q4"`` -> ``"2023Q4"``, checked (one quarter)."""
-    from geodbk.dataset.inputs import parse_quarter_label
+    from geodbk.dataset.quarters import parse_quarter_label
 
     if "," in text:
         raise InputDataError(f"{flag} takes one quarter, e.g. 2023Q4; got {text!r}")
@@ -138,7 +138,7 @@ def area_sample(geometry: Any) -> Any:
 def check_domain(model: GeoModel, geometry: Any, quarters: Sequence[str | None], *, allow: bool) -> None:
     """Refuse (unless ``allow``) to apply ``model`` to an area (lon/lat shapely geometry) mostly
     outside its fitted extent, or to quarters beyond its forecast allowance
-    (:meth:`geodbk.fit.geomodel.DomainReport.problem`). When allowed, prediction itself warns."""
+    (:meth:`geodbk.dataset.domain.DomainReport.problem`). When allowed, prediction itself warns."""
     problem = model.domain_report(area_sample(geometry), list(quarters) or [None]).problem()
     if problem is not None and not allow:
         raise InputDataError(f"{problem}; pass --allow-extrapolation to map it anyway")

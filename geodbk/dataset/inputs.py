@@ -26,36 +26,16 @@ from typing import Any
 import numpy as np
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, transform_from_dict
+from geodbk.dataset.domain import DomainReport
+from geodbk.dataset.quarters import parse_quarter_label, quarter_label, quarter_years
 from geodbk.errors import InputDataError
 
 PROTOCOLS = ("space-time", "paper")
-
-#: Decimal years of a quarter's middle: year + (quarter - 0.5) / 4.
-QUARTER_YEARS = 0.25
 
 #: Time span (years) below which the time axis is not stretched further (one fitted quarter).
 _MIN_HALF_SPAN_YEARS = 0.5
 
 TimeLike = str | float | np.ndarray | Sequence[float] | None
-
-
-def quarter_years(year: Any, quarter: Any) -> np.ndarray:
-    """Decimal years of the middle of each (year, quarter): ``year + (quarter - 0.5) / 4``."""
-    return np.asarray(year, dtype=np.float64) + (np.asarray(quarter, dtype=np.float64) - 0.5) * QUARTER_YEARS
-
-
-def quarter_label(years: float) -> str:
-    """``2023.875`` (middle of Q4) -> ``"2023Q4"``."""
-    index = int(np.floor(years * 4 + 1e-9))
-    return f"{index // 4}Q{index % 4 + 1}"
-
-
-def parse_quarter_label(text: str) -> tuple[int, int]:
-    """``"2023Q4"`` -> ``(2023, 4)``."""
-    label = text.strip().upper()
-    if len(label) != 6 or label[4] != "Q" or not label[:4].isdigit() or label[5] not in "1234":
-        raise InputDataError(f"bad quarter {text!r}: write it like 2023Q4")
-    return int(label[:4]), int(label[5])
 
 
 def parse_time(when: TimeLike) -> np.ndarray | float | None:
@@ -161,27 +141,26 @@ class InputSpace:
             return xy
         return np.column_stack([xy, self.time.to_unit(years)])
 
-    def extrapolation(self, lonlat: np.ndarray, when: TimeLike = None) -> str | None:
-        """A one-line description of where the query leaves the fitted domain, or None.
-
-        Flags points outside the fitted extent (grown by 5%) and times after the last or
-        before the first fitted quarter; one quarter ahead is allowed but still flagged.
-        """
-        problems = []
+    def domain(self, lonlat: np.ndarray, times: Sequence[TimeLike] = (None,)) -> DomainReport:
+        """Where ``lonlat`` (n, 2) degrees at each of ``times`` (as in :meth:`features`; None = the
+        latest fitted quarter) lie against the fitted extent (grown by 5%) and quarters."""
         outside = self.coords.outside(lonlat)
-        if outside.any():
-            problems.append(f"{int(outside.sum())} of {len(outside)} point(s) lie outside the fitted extent")
-        years = self.years(when, len(outside))
-        if years is not None and self.time is not None and len(years):
-            late, early = float(years.max()), float(years.min())
-            ahead = (late - self.time.last) / QUARTER_YEARS
-            if ahead > 1e-6:
-                what = "one quarter" if ahead < 1 + 1e-6 else f"{ahead:.0f} quarters"
-                problems.append(f"{quarter_label(late)} is {what} after the last fitted quarter {self.latest}")
-            if early < self.time.first - 1e-6:
-                first = quarter_label(self.time.first)
-                problems.append(f"{quarter_label(early)} is before the first fitted quarter {first}")
-        return "; ".join(problems) + ": predictions there are extrapolation" if problems else None
+        queried = fitted = None
+        if self.time is not None:
+            fitted = (self.time.first, self.time.last)
+            # one time still counts without points (a map's quarters are checked before its cells)
+            years = [self.years(when, len(lonlat) if np.ndim(parse_time(when)) else 1) for when in times]
+            joined = np.concatenate(years) if years else np.empty(0)
+            if len(joined):
+                queried = (float(joined.min()), float(joined.max()))
+        return DomainReport(len(outside), int(outside.sum()), queried, fitted)
+
+    def extrapolation(self, lonlat: np.ndarray, when: TimeLike = None) -> str | None:
+        """A one-line description of where the query leaves the fitted domain, or None
+        (:meth:`DomainReport.warning` of :meth:`domain`): points outside the fitted extent
+        and times after the last or before the first fitted quarter; one quarter ahead is
+        allowed but still flagged."""
+        return self.domain(lonlat, [when]).warning()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -23,7 +23,7 @@ import shapely
 
 from geodbk import paths
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
-from geodbk.dataset.inputs import parse_quarter_label
+from geodbk.dataset.quarters import parse_quarter_label
 from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path

@@ -24,10 +24,11 @@ import torch
 import xarray as xr
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
-from geodbk.dataset.inputs import QUARTER_YEARS, InputSpace, TimeLike, parse_time, quarter_label, quarter_years
+from geodbk.dataset.domain import DomainReport
+from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time
+from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.fit.domain import DomainReport
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
 from geodbk.fit.train import fit_arrays
@@ -108,21 +109,10 @@ class GeoModel:
 
     def domain_report(self, lonlat: np.ndarray, times: Sequence[TimeLike] = (None,)) -> DomainReport:
         """How far ``lonlat`` (n, 2) degrees (e.g. a sample of a map's cells) at each quarter of
-        ``times`` (as in :meth:`features`; None = the latest fitted) leave the fitted domain.
-        Quarters are ignored by a time-free model."""
-        lonlat = _lonlat(lonlat, "lonlat")
-        outside = float(self.inputs.coords.outside(lonlat).mean()) if len(lonlat) else 0.0
-        after = before = 0.0
-        fitted = "time-free inputs"
-        axis = self.inputs.time
-        if axis is not None:
-            years = np.concatenate([self._years(when, 1) for when in times] or [np.array([axis.last])])
-            after = max(0.0, float(years.max() - axis.last) / QUARTER_YEARS)
-            before = max(0.0, float(axis.first - years.min()) / QUARTER_YEARS)
-            first, last = quarter_label(axis.first), quarter_label(axis.last)
-            fitted = last if first == last else f"{first}-{last}"
-        region = self.meta.get("region")
-        return DomainReport(self.kind, outside, after, before, f"{region} {fitted}" if region else fitted)
+        ``times`` (as in :meth:`features`; None = the latest fitted) leave the fitted domain
+        (:meth:`InputSpace.domain`, named after this model). Quarters are ignored by a time-free model."""
+        report = self.inputs.domain(_lonlat(lonlat, "lonlat"), times)
+        return replace(report, kind=self.kind, region=self.meta.get("region"))
 
     def features(self, lonlat: np.ndarray, time: TimeLike = None, *, name: str = "lonlat") -> np.ndarray:
         """Model inputs (n, d) for ``lonlat`` (n, 2) degrees at ``time``; warns when extrapolating.

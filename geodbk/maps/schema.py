@@ -45,7 +45,8 @@ import pyproj
 import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
-from geodbk.dataset.inputs import parse_quarter_label, parse_time
+from geodbk.dataset.inputs import parse_time
+from geodbk.dataset.quarters import parse_quarter_label
 from geodbk.errors import InputDataError
 from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
 from geodbk.prediction import Z95, probability_below, to_data_units
