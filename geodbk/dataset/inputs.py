@@ -148,9 +148,9 @@ class InputSpace:
         queried = fitted = None
         if self.time is not None:
             fitted = (self.time.first, self.time.last)
-            # one time still counts without points (a map's quarters are checked before its cells)
-            years = [self.years(when, len(lonlat) if np.ndim(parse_time(when)) else 1) for when in times]
-            joined = np.concatenate(years) if years else np.empty(0)
+            # every queried time counts, with or without points (a map's quarters are checked before its cells)
+            parsed = [parse_time(when) for when in times]
+            joined = np.concatenate([np.atleast_1d(self.time.last if p is None else p) for p in parsed] or [np.empty(0)])
             if len(joined):
                 queried = (float(joined.min()), float(joined.max()))
         return DomainReport(len(outside), int(outside.sum()), queried, fitted)
