@@ -21,6 +21,7 @@ from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import ard_rbf
+from geodbk.models.precision import Precision, check_precision
 from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import Prediction
 
@@ -92,6 +93,30 @@ class Regressor:
     history: list[dict[str, float]] = field(default_factory=list)
     best_epoch: int = 0
     train_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prediction_precision(self) -> Precision:
+        """Precision of the backbone in :meth:`predict`: ``"float32"`` (default), ``"tf32"`` or
+        ``"bf16"``; measured error bounds in :mod:`geodbk.models.precision`. Not saved.
+
+        Raises:
+            InputDataError: on setting an unknown precision, a reduced one for a kind without a
+                deep-basis backbone (knn, dnn, exact-dbk, ...) or for a float64 model.
+        """
+        return cast(Precision, getattr(self.model, "backbone_precision", "float32"))
+
+    @prediction_precision.setter
+    def prediction_precision(self, precision: str) -> None:
+        try:
+            checked = check_precision(precision)
+        except ValueError as err:
+            raise InputDataError(str(err)) from None
+        if checked != "float32" and not hasattr(self.model, "backbone_precision"):
+            raise InputDataError(f"{self.kind} has no reduced-precision prediction; use float32")
+        if checked != "float32" and self.dtype != torch.float32:
+            raise InputDataError(f"{checked} prediction needs a float32 model; this {self.kind} is {self.dtype}")
+        if hasattr(self.model, "backbone_precision"):
+            setattr(self.model, "backbone_precision", checked)  # noqa: B010 (nn.Module declares no such attribute)
 
     @property
     def device(self) -> torch.device:

@@ -31,6 +31,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from geodbk.models.precision import Precision, matmul_precision
+
 
 @dataclass
 class GPOutput:
@@ -206,6 +208,8 @@ class BasisGP(nn.Module):
         self.variational_offdiag = nn.Parameter(torch.randn(r * (r - 1) // 2) / r)
         self.register_buffer("_tril_index", torch.tril_indices(r, r, -1), persistent=False)
         self._folded: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
+        #: precision of the backbone's products in folded prediction (not saved with the model)
+        self.backbone_precision: Precision = "float32"
 
     @property
     def rank(self) -> int:
@@ -225,11 +229,15 @@ class BasisGP(nn.Module):
         """Outputs at ``x`` (n, d); ``tests`` (n,) test counts set the per-row noise.
 
         In eval mode with autograd off, expansions that fold use the cached folded weights
-        (module docstring); the result is the same distribution up to rounding.
+        (module docstring); the result is the same distribution up to rounding. There the
+        backbone runs at :attr:`backbone_precision` (:mod:`geodbk.models.precision`).
         """
-        g = self.basis.backbone(x)
         expansion = self.basis.expansion
-        if not self.training and not torch.is_grad_enabled() and hasattr(expansion, "fold"):
+        folded = not self.training and not torch.is_grad_enabled() and hasattr(expansion, "fold")
+        with matmul_precision(self.backbone_precision if folded else "float32", x.device):
+            g = self.basis.backbone(x)
+        g = g.to(self.variational_mean.dtype)
+        if folded:
             r = self.rank
             projected = expansion.features(g) @ self.folded_weights()  # (n, 1 + r [+ r])
             phi = None
