@@ -149,8 +149,8 @@ class InputSpace:
         if self.time is not None:
             fitted = (self.time.first, self.time.last)
             # every queried time counts, with or without points (a map's quarters are checked before its cells)
-            parsed = [parse_time(when) for when in times]
-            joined = np.concatenate([np.atleast_1d(self.time.last if p is None else p) for p in parsed] or [np.empty(0)])
+            years = [np.atleast_1d(self.time.last if p is None else p) for p in map(parse_time, times)]
+            joined = np.concatenate(years or [np.empty(0)])
             if len(joined):
                 queried = (float(joined.min()), float(joined.max()))
         return DomainReport(len(outside), int(outside.sum()), queried, fitted)
