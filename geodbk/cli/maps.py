@@ -59,6 +59,11 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     add_extrapolation_option(p)
     p.add_argument("--chunk-rows", type=int, metavar="N", help="grid rows per block (default: ~262k cells per block)")
     p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
+    p.add_argument("--dask-scheduler", metavar="ADDRESS|local|local:N",
+                   help="predict the row blocks in parallel on a Dask cluster: a scheduler address "
+                   "(tcp://host:8786), or 'local' / 'local:N' for N single-threaded worker processes on "
+                   "this machine (default 2); workers write their blocks straight into --out, which must "
+                   "then be a .zarr store on a filesystem they all see")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(handler=_run_predict)
 
@@ -76,6 +81,13 @@ def _run_predict(args: argparse.Namespace) -> int:
 
     if not args.out.endswith((".nc", ".zarr")):
         raise InputDataError(f"--out must end in .nc or .zarr, got {args.out}")
+    if args.dask_scheduler is not None:
+        from geodbk.maps.parallel import parse_scheduler
+
+        parse_scheduler(args.dask_scheduler)
+        if not args.out.endswith(".zarr"):
+            raise InputDataError(f"--dask-scheduler writes blocks in parallel into a Zarr store: "
+                                 f"--out must end in .zarr, got {args.out}")
     when: str | list[str] | None = None if args.quarter is None else parse_quarter(args.quarter)
     change = parse_change(args.change)
     check_map_options(args)
@@ -103,7 +115,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     ds = predict_grid(model, grid, refs=refs or None, time=when, change=change, threshold=threshold_option(args),
                       max_distance=args.max_distance, chunk_rows=args.chunk_rows, store=args.out,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, client=args.dask_scheduler)
     ds.close()
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
     return 0

@@ -10,14 +10,21 @@ two quarters and kernel slices) at the cells inside the region polygon only (and
 preallocated float32 arrays or straight into a Zarr / NetCDF store
 (:mod:`geodbk.maps.stores`), so peak memory depends on the block size and the number of
 quarters, not on the grid size.
+
+Given a Dask ``client``, the same :class:`GridJob` runs on the cluster's workers instead, one
+task per row block, each writing its block into the Zarr store itself
+(:mod:`geodbk.maps.parallel`); the result is the serial one, bit for bit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyproj
@@ -27,8 +34,13 @@ from tqdm.auto import tqdm
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.maps.geometry import CellLocator, RegionLike, RegularGrid
 from geodbk.maps.schema import GridLayers, SpatialPredictor, grid_template
-from geodbk.maps.stores import MemorySink, NetCDFSink, ZarrSink
+from geodbk.maps.stores import BlockSink, MemorySink, NetCDFSink, ZarrRegions, ZarrSink
 from geodbk.maps.thresholds import DEFAULT
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from distributed import Client
+
+PROGRESS_LABEL = "predicting grid"
 
 
 def predict_grid(
@@ -43,6 +55,7 @@ def predict_grid(
     chunk_rows: int | None = None,
     store: str | Path | None = None,
     progress: bool = True,
+    client: Client | str | None = None,
 ) -> xr.Dataset:
     """Predict ``model`` on every cell of ``grid`` inside the region, one row block at a time.
 
@@ -81,6 +94,14 @@ def predict_grid(
         store at the path is left as it was.
     progress
         Show a tqdm bar over blocks.
+    client
+        Predict the blocks in parallel on a Dask cluster: a :class:`distributed.Client`, a
+        scheduler address (``"tcp://host:8786"``), or ``"local"`` / ``"local:N"`` for a local
+        cluster of N (default 2) single-threaded worker processes, shut down afterwards.
+        Needs a ``*.zarr`` ``store`` on a filesystem every worker sees (workers write their
+        blocks into it themselves) and geodbk installed on the workers; the model is sent to
+        each worker once. The result equals the serial one exactly; see
+        :mod:`geodbk.maps.parallel`.
 
     Returns
     -------
@@ -98,42 +119,136 @@ def predict_grid(
     rows_per_block = min(rows_per_block, grid.height)
     if max_distance is not None and not max_distance > 0:
         raise InputDataError(f"max_distance must be positive metres, got {max_distance}")
-    template_args: dict[str, Any] = {
-        "lazy": store is not None, "chunk_rows": rows_per_block, "max_distance": max_distance,
-    }
-    if store is None:
-        sink: Any = MemorySink(grid_template(grid, model, layers, **template_args))
-    else:
-        path = Path(store)
-        if path.suffix not in (".zarr", ".nc", ".nc4"):
-            raise InputDataError(f"store must end in .zarr or .nc, got {path.name}")
-        template = grid_template(grid, model, layers, **template_args)
-        sink = ZarrSink(template, path) if path.suffix == ".zarr" else NetCDFSink(template, path)
-
-    locator = CellLocator(grid)
+    _check_store(store, parallel=client is not None)
+    sink = _open_sink(
+        grid_template(grid, model, layers, lazy=store is not None, chunk_rows=rows_per_block,
+                      max_distance=max_distance),
+        store,
+    )
     blocks = list(grid.blocks(rows_per_block))
-    extrapolating: list[str] = []
+    job = GridJob(model, grid, layers, max_distance, sink)
+    log = _WarningLog()
     try:
-        for rows in tqdm(blocks, desc="predicting grid", unit="block", disable=not progress):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", ExtrapolationWarning)
-                block = _predict_block(model, locator, rows, layers, max_distance)
-            extrapolating += [str(w.message) for w in caught if issubclass(w.category, ExtrapolationWarning)][:1]
-            for w in caught:
-                if not issubclass(w.category, ExtrapolationWarning):
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            sink.write(rows, block)
+        # closing: a failure here (a warning made an error) stops the cluster's blocks before the abort
+        with contextlib.closing(_block_warnings(job, blocks, client, progress)) as results:
+            for index, caught in results:
+                log.add(index, caught)
         finished = sink.finish()
     except BaseException:  # KeyboardInterrupt too: drop the staged store, keep an older one
         sink.abort()
         raise
-    if extrapolating:
-        warnings.warn(
-            f"{extrapolating[0]} (in {len(extrapolating)} of {len(blocks)} grid block(s); the first shown)",
-            ExtrapolationWarning,
-            stacklevel=2,
-        )
+    log.emit(len(blocks))
     return finished
+
+
+def _check_store(store: str | Path | None, *, parallel: bool) -> None:
+    """Raise unless ``store`` is a path this run can write (a Zarr store for a Dask cluster)."""
+    suffix = None if store is None else Path(store).suffix
+    if parallel and suffix != ".zarr":
+        raise InputDataError(
+            "a Dask cluster writes its blocks straight into a Zarr store: give a store ending in .zarr, "
+            f"got {'none' if store is None else Path(store).name}"
+        )
+    if store is not None and suffix not in (".zarr", ".nc", ".nc4"):
+        raise InputDataError(f"store must end in .zarr or .nc, got {Path(store).name}")
+
+
+def _open_sink(template: xr.Dataset, store: str | Path | None) -> BlockSink:
+    """Where the blocks go: the template itself, or a Zarr / NetCDF store staged at ``store``."""
+    if store is None:
+        return MemorySink(template)
+    path = Path(store)
+    return ZarrSink(template, path) if path.suffix == ".zarr" else NetCDFSink(template, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaughtWarning:
+    """A warning raised while predicting a block, in a form that pickles (from a Dask worker)."""
+
+    category: type[Warning]
+    message: str
+    filename: str
+    lineno: int
+
+
+@dataclasses.dataclass
+class GridJob:
+    """Predicts one row block of ``grid`` and writes it: what every block needs but the rows.
+
+    The serial path calls it for each block; on a Dask cluster it is sent once to each worker
+    with the sink's picklable :class:`~geodbk.maps.stores.ZarrRegions` as ``sink``
+    (:mod:`geodbk.maps.parallel`).
+    """
+
+    model: SpatialPredictor
+    grid: RegularGrid
+    layers: GridLayers
+    max_distance: float | None
+    sink: BlockSink | ZarrRegions
+
+    @cached_property
+    def locator(self) -> CellLocator:
+        """Built once per process that runs blocks (not pickled: its prepared polygon would not survive)."""
+        return CellLocator(self.grid)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: value for name, value in self.__dict__.items() if name != "locator"}
+
+    def __call__(self, rows: slice) -> list[CaughtWarning]:
+        """Predict and write grid rows ``rows``; return the warnings raised while predicting."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ExtrapolationWarning)
+            block = _predict_block(self.model, self.locator, rows, self.layers, self.max_distance)
+        self.sink.write(rows, block)
+        return [CaughtWarning(w.category, str(w.message), w.filename, w.lineno) for w in caught]
+
+
+def _block_warnings(
+    job: GridJob, blocks: Sequence[slice], client: Client | str | None, progress: bool
+) -> Generator[tuple[int, list[CaughtWarning]], None, None]:
+    """Run ``job`` on every block, here or on a Dask cluster; yield ``(block index, its warnings)``."""
+    if client is None:
+        for index, rows in enumerate(tqdm(blocks, desc=PROGRESS_LABEL, unit="block", disable=not progress)):
+            yield index, job(rows)
+        return
+    from geodbk.maps.parallel import check_visible, connect, map_blocks
+
+    sink = job.sink
+    assert isinstance(sink, ZarrSink), "a cluster writes into a Zarr store"  # _check_store made sure
+    with connect(client) as dask_client:
+        check_visible(dask_client, sink.regions.path)
+        remote = dataclasses.replace(job, sink=sink.regions)
+        yield from map_blocks(dask_client, remote, blocks, progress=progress, desc=PROGRESS_LABEL)
+
+
+class _WarningLog:
+    """The warnings of a grid's blocks, in one place.
+
+    ExtrapolationWarnings become one at the end: the message of the first block (in grid
+    order) that raised one, and how many blocks did. Others are re-raised as they come, once
+    per message and place under the default filter (not once per block).
+    """
+
+    def __init__(self) -> None:
+        self.extrapolating: dict[int, str] = {}
+        self.registry: dict[Any, Any] = {}
+
+    def add(self, index: int, caught: Sequence[CaughtWarning]) -> None:
+        for w in caught:
+            if issubclass(w.category, ExtrapolationWarning):
+                self.extrapolating.setdefault(index, w.message)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=self.registry)
+
+    def emit(self, n_blocks: int) -> None:
+        """Warn (at the caller of ``predict_grid``) if any block extrapolated."""
+        if self.extrapolating:
+            first = self.extrapolating[min(self.extrapolating)]
+            warnings.warn(
+                f"{first} (in {len(self.extrapolating)} of {n_blocks} grid block(s); the first shown)",
+                ExtrapolationWarning,
+                stacklevel=3,
+            )
 
 
 def _predict_block(

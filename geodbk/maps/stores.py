@@ -8,11 +8,16 @@ The file sinks stream into a hidden temporary beside the target
 (:class:`geodbk.fileio.StagedPath`) and rename it into place in :meth:`BlockSink.finish`;
 :meth:`BlockSink.abort` removes it, so a failed or interrupted prediction never leaves a
 partial grid at the target, and an older grid there stays as it was.
+
+:class:`ZarrRegions` is the part of :class:`ZarrSink` that writes blocks: it holds no open
+file, so Dask workers can each write their own blocks into the staged store
+(:mod:`geodbk.maps.parallel`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -60,15 +65,53 @@ class MemorySink:
         return self.ds
 
 
+@dataclass(frozen=True)
+class ZarrRegions:
+    """Writes row blocks into the regions of an existing Zarr store, each block a whole number of chunks.
+
+    A block must start and end on a Zarr chunk boundary along ``y`` (a multiple of
+    ``chunk_rows``, or the last row): every chunk file then belongs to exactly one block,
+    and a region write touches no metadata, so writers in several processes never write
+    the same file. Picklable (it holds no open file).
+
+    Attributes:
+        path: the store, absolute (workers may run in other folders).
+        dims: ``{variable: dims}``, the last two ``(y, x)``.
+        chunk_rows: grid rows per Zarr chunk.
+        height: grid rows.
+    """
+
+    path: Path
+    dims: Mapping[str, tuple[str, ...]]
+    chunk_rows: int
+    height: int
+
+    def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
+        """Store the float32 ``(..., n_rows, width)`` values of grid rows ``rows``."""
+        if rows.start % self.chunk_rows or (rows.stop % self.chunk_rows and rows.stop != self.height):
+            raise ValueError(f"rows {rows.start}:{rows.stop} are not whole Zarr chunks of {self.chunk_rows} rows")
+        data_vars = {name: (self.dims[name], values) for name, values in block.items()}
+        xr.Dataset(data_vars).to_zarr(self.path, region={"y": rows}, mode="r+", consolidated=False)
+
+
 class ZarrSink:
-    """Streams row blocks into a Zarr store (a folder) staged beside ``path``, swapped in by :meth:`finish`."""
+    """Streams row blocks into a Zarr store (a folder) staged beside ``path``, swapped in by :meth:`finish`.
+
+    Zarr chunks are the template's dask chunks: ``chunk_rows`` rows by the full width and
+    the whole of any leading dimension, so a row block of ``chunk_rows`` rows is whole chunks.
+    """
 
     def __init__(self, template: xr.Dataset, path: Path) -> None:
         self.staged = StagedPath.beside(path, directory=True)
-        self.dims = {name: template[name].dims for name in template.data_vars}
         encoding = {
             name: {**template[name].encoding, "chunks": template[name].data.chunksize} for name in template.data_vars
         }
+        self.regions = ZarrRegions(
+            self.staged.tmp.absolute(),
+            {str(name): tuple(map(str, template[name].dims)) for name in template.data_vars},
+            max(template.chunks["y"]),
+            template.sizes["y"],
+        )
         try:
             template.to_zarr(self.staged.tmp, mode="w", compute=False, encoding=encoding, consolidated=False)
         except BaseException:
@@ -76,8 +119,7 @@ class ZarrSink:
             raise
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
-        data_vars = {name: (self.dims[name], values) for name, values in block.items()}
-        xr.Dataset(data_vars).to_zarr(self.staged.tmp, region={"y": rows}, mode="r+", consolidated=False)
+        self.regions.write(rows, block)
 
     def abort(self) -> None:
         """Remove the staged store."""
@@ -147,4 +189,4 @@ def open_grid(path: str | Path) -> xr.Dataset:
     return ds
 
 
-__all__ = ["BlockSink", "MemorySink", "NetCDFSink", "ZarrSink", "open_grid"]
+__all__ = ["BlockSink", "MemorySink", "NetCDFSink", "ZarrRegions", "ZarrSink", "open_grid"]
