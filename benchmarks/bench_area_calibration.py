@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import shapely
 
+from geodbk.dataset.quarters import parse_quarter_label
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.geomodel import GeoModel
-from geodbk.dataset.quarters import parse_quarter_label
+from geodbk.ingest.regions import load_region, read_polygons
 from geodbk.paths import COUNTY_BOUNDARIES
 from geodbk.prediction import Z95
-from geodbk.ingest.regions import load_region, read_polygons
 
 
 def main() -> None:

@@ -82,8 +82,8 @@ def _square_grid(size: int):
     """``(region, grid, side)``: PR and a ``size`` x ``size`` lon/lat grid centred on it."""
     from affine import Affine
 
-    from geodbk.maps.geometry import WGS84, RegularGrid
     from geodbk.ingest.regions import load_region
+    from geodbk.maps.geometry import WGS84, RegularGrid
 
     region = load_region("PR")
     west, south, east, north = region.geometry.bounds

@@ -29,10 +29,10 @@ import pandas as pd
 import torch
 
 from geodbk.fit.metrics import crps_gaussian, gaussian_nll, mae
-from geodbk.models import ModelConfig
 from geodbk.fit.train import fit_arrays
-from geodbk.models.config import TrainConfig
 from geodbk.ingest.uci import default_uci_root, load_uci
+from geodbk.models import ModelConfig
+from geodbk.models.config import TrainConfig
 
 # (dataset, kind) -> (source, MAE, RMSE, NLL) as reported (standardised targets).
 # 004 = Zhu, Yuchi, Xie (earlier DBK paper), Table 1; 001 = Daskalakis et al. (DFGP/DMGP),
