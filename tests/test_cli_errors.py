@@ -81,6 +81,7 @@ BAD = {
     "predict bad quarters": (lambda f: predict_args(f, "--quarters", "2023Q4,2024Q0"), "2024Q0"),
     "predict bad change": (lambda f: predict_args(f, "--change", "2023Q4-2024Q1"), "--change"),
     "predict bad output": (lambda f: ["predict", "--model", str(f / "knn.pt"), "--out", str(f / "g.tif")], ".tif"),
+    "predict knn at bf16": (lambda f: predict_args(f, "--precision", "bf16"), "no reduced-precision prediction"),
     "predict zero chunk rows": (lambda f: predict_args(f, "--chunk-rows", "0"), "--chunk-rows"),
     "predict unknown region": (lambda f: predict_args(f, "--region", "Atlantis"), "Atlantis"),
     "summarize model that is not one": (lambda f: ["summarize", "--model", str(f / "notes.pt"), "--polygons",

@@ -50,6 +50,29 @@ def test_predict_other_crs_with_refs(run_dir, tmp_path, capsys) -> None:
     np.testing.assert_allclose(ds["kernel_slice"].values[:, i, j], k[0], rtol=1e-4)
 
 
+def test_predict_at_bf16_is_the_python_bf16_prediction(run_dir, tmp_path) -> None:
+    from geodbk.dataset.spatial_dataset import SpatialDataset
+    from geodbk.fit.geomodel import fit_dataset, map_model_config
+    from geodbk.models.config import TrainConfig
+
+    out, path = tmp_path / "bf16.nc", tmp_path / "dbk-rbf.pt"  # a kind with a deep backbone
+    fit_dataset(SpatialDataset.load(run_dir / "dataset.parquet"), "dbk-rbf", model_config=map_model_config(
+        hidden=16, rank=16), train_config=TrainConfig(epochs=1, progress=False, device="cpu")).save(path)
+    assert main(["predict", "--model", str(path), "--resolution", "0.05", "--precision", "bf16", "--out", str(out),
+                 "--no-progress"]) == 0
+    ds = open_grid(out).load()
+    i, j = np.argwhere(np.isfinite(ds["mean"].values))[0]
+    lonlat = np.array([[float(ds["x"][j]), float(ds["y"][i])]])
+    model = GeoModel.load(path)
+    model.regressor.prediction_precision = "bf16"
+    fast = model.predict(lonlat)
+    model.regressor.prediction_precision = "float32"
+    full = model.predict(lonlat)
+    assert abs(fast.mean[0] - full.mean[0]) > 2e-5  # bf16 is visibly not float32 here
+    assert float(ds["mean"][i, j]) == pytest.approx(float(fast.mean[0]), abs=2e-6)
+    assert float(ds["sd"][i, j]) == pytest.approx(float(fast.sd[0]), rel=1e-5)
+
+
 def test_predict_zarr_with_automatic_refs_then_export(run_dir, tmp_path) -> None:
     grid = tmp_path / "grid.zarr"
     assert main(["predict", "--model", str(run_dir / "models" / "sv-rbf.pt"), "--resolution", "0.04",
