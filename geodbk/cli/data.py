@@ -1,9 +1,10 @@
 """``geodbk ingest`` (Ookla tiles -> dataset file) and ``geodbk fit`` (dataset -> models and metrics in a
-run folder)."""
+run folder; ``--nproc N`` trains data-parallel in N torchrun workers, see :mod:`geodbk.fit.distributed`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from geodbk.cli.options import add_split_options, check_positive, check_split_options
@@ -112,30 +113,66 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    help="stop after this many epochs without a better validation NLL (default 50)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="default float32")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="train data-parallel in N processes on this machine, started by torchrun: one GPU "
+                   "each (NCCL) on CUDA, else gloo on the CPU cores shared among them; same results as 1 "
+                   "process up to rounding (default 1)")
     add_split_options(p, keep=True)
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(handler=_run_fit)
 
 
 def _run_fit(args: argparse.Namespace) -> int:
-    import time
-    from pathlib import Path
+    from geodbk.fit.distributed import is_worker, launch
 
-    import pandas as pd
+    _check_fit(args)
+    if is_worker():
+        return _fit_worker(args)
+    if args.nproc > 1:
+        status = launch(args.nproc, ["geodbk", *_fit_argv(args)])
+        if status:
+            print(f"geodbk fit: error: a worker of {args.nproc} failed with exit status {status} (its message "
+                  "is above); the others were stopped", file=sys.stderr)
+        return status
+    return _fit(args, args.device, main=True)
 
-    from geodbk.dataset.spatial_dataset import SpatialDataset
+
+def _fit_argv(args: argparse.Namespace) -> list[str]:
+    """``geodbk fit`` arguments that parse back to ``args`` (without --nproc), for the workers.
+
+    Every fit option's flag is its dest with dashes; store-true options are given when true."""
+    argv = [args.command]
+    for dest, value in vars(args).items():
+        if dest in ("command", "handler", "nproc") or value is None or value is False:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        argv.append(flag if value is True else f"{flag}={value}")
+    return argv
+
+
+def _fit_worker(args: argparse.Namespace) -> int:
+    """One torchrun worker: join the process group, fit (rank 0 prints and writes), leave it."""
+    import torch.distributed as dist
+
+    from geodbk.fit.distributed import init_worker
+
+    device = init_worker(args.device)
+    try:
+        return _fit(args, device, main=dist.get_rank() == 0)
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_fit(args: argparse.Namespace) -> None:
+    """The checks of ``geodbk fit``'s options that need no data (before any worker starts)."""
     from geodbk.errors import InputDataError
-    from geodbk.fit.geomodel import MIN_WAVELENGTH_M, fit_dataset, map_model_config
-    from geodbk.fit.metrics import format_metrics_table, metrics_table, save_metrics
     from geodbk.models import available_models
-    from geodbk.models.config import run_preset
-    from geodbk.workflow import RunFolder, evaluate_on_test
 
-    kinds = [k.strip() for k in args.models.split(",") if k.strip()]
+    kinds = _kinds(args)
     unknown = [k for k in kinds if k not in available_models()]
     if not kinds or unknown:
         raise InputDataError(f"unknown or no model kinds {unknown}; known: {', '.join(available_models())}")
-    check_positive(args, ("epochs", "hidden", "rank", "batch_size", "patience"))
+    check_positive(args, ("epochs", "hidden", "rank", "batch_size", "patience", "nproc"))
     check_split_options(args)
     if args.lr is not None and not args.lr > 0:
         raise InputDataError(f"--lr must be positive, got {args.lr}")
@@ -143,10 +180,35 @@ def _run_fit(args: argparse.Namespace) -> int:
         raise InputDataError(f"--encoding-scales must be >= 0, got {args.encoding_scales}")
     if args.min_wavelength is not None and not args.min_wavelength > 0:
         raise InputDataError(f"--min-wavelength must be positive metres, got {args.min_wavelength}")
+
+
+def _kinds(args: argparse.Namespace) -> list[str]:
+    """The model kinds of --models."""
+    return [k.strip() for k in args.models.split(",") if k.strip()]
+
+
+def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
+    """Fit and evaluate every kind, then write the run folder; only ``main`` prints and writes."""
+    import time
+    from pathlib import Path
+
+    import pandas as pd
+
+    from geodbk.dataset.spatial_dataset import SpatialDataset
+    from geodbk.fit.geomodel import MIN_WAVELENGTH_M, fit_dataset, map_model_config
+    from geodbk.fit.metrics import format_metrics_table, metrics_table, save_metrics
+    from geodbk.models.config import run_preset
+    from geodbk.workflow import RunFolder, evaluate_on_test
+
+    def echo(text: str) -> None:
+        if main:
+            print(text)
+
+    kinds = _kinds(args)
     preset = run_preset("paper" if args.paper_size else "cpu")
     size, train_config = preset.configs(
         hidden=args.hidden, rank=args.rank, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        patience=args.patience, seed=args.seed, device=args.device, progress=not args.no_progress,
+        patience=args.patience, seed=args.seed, device=device, progress=not args.no_progress,
     )
     overrides: dict[str, Any] = {"hidden": size.hidden, "rank": size.rank}
     if args.encoding_scales is not None:
@@ -158,8 +220,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     if args.split is not None:
         dataset = dataset.with_split(args.split, seed=args.seed, block_m=1000.0 * args.block_km)
     run = RunFolder(Path(args.out))
-    print(f"{args.protocol} protocol, {dataset.split_protocol} split: "
-          + ", ".join(f"{s} {int((dataset.frame['split'] == s).sum()):,}" for s in ("train", "val", "test")))
+    echo(f"{args.protocol} protocol, {dataset.split_protocol} split: "
+         + ", ".join(f"{s} {int((dataset.frame['split'] == s).sum()):,}" for s in ("train", "val", "test")))
     results, models = {}, {}
     for kind in kinds:
         start = time.perf_counter()
@@ -167,9 +229,12 @@ def _run_fit(args: argparse.Namespace) -> int:
             dataset, kind, protocol=args.protocol, model_config=model_config, train_config=train_config,
             min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength,
         )
-        results[kind] = evaluate_on_test(model, dataset)
-        print(f"{kind}: best epoch {model.regressor.best_epoch}/{len(model.regressor.history)}, "
-              f"{time.perf_counter() - start:.0f} s")
+        if main:
+            results[kind] = evaluate_on_test(model, dataset)
+        echo(f"{kind}: best epoch {model.regressor.best_epoch}/{len(model.regressor.history)}, "
+             f"{time.perf_counter() - start:.0f} s")
+    if not main:
+        return 0
     table = metrics_table(results)
     if run.metrics_csv.exists():  # keep rows of models fitted earlier into this run
         earlier = pd.read_csv(run.metrics_csv)
@@ -181,7 +246,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     for kind, model in models.items():
         model.save(run.model(kind))
     save_metrics(table, run.root)
-    print(format_metrics_table(table))
+    echo(format_metrics_table(table))
     return 0
 
 

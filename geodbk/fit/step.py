@@ -10,6 +10,7 @@ checkpoints) is :func:`geodbk.fit.train.fit_arrays`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from geodbk.errors import TrainingError
+from geodbk.fit.distributed import DataParallel
 from geodbk.models.config import TrainConfig
 from geodbk.models.expansions import MAX_JITTER_LEVEL, DeferredCholesky, deferred_cholesky_checks
 from geodbk.models.objectives import Objective
@@ -46,6 +48,12 @@ class TrainingStep:
     ``.item()`` or a blocking copy in its forward) cannot be captured; the step then stays
     eager, as it always does on CPU.
 
+    Data-parallel (``data_parallel`` given, see :mod:`geodbk.fit.distributed`): the model runs
+    on this rank's shard of each batch, the objective on the gathered whole batch, and the
+    gradients are averaged over the ranks between backward and ``optimizer.step()``; the step
+    is then the single-process step on the whole batch, and :attr:`loss_sum` the whole
+    batches' sum on every rank. It is never captured (the gather is a collective).
+
     Args:
         model: the module; ``objective(model, x, y, n, tests)`` gives the loss.
         objective: the training loss.
@@ -53,7 +61,8 @@ class TrainingStep:
         X: (n, d) training inputs, on the model's device.
         y: (n,) standardised targets.
         tests: (n,) test counts, or ``None``.
-        capture: use CUDA graphs; ``None`` = when ``X`` is on CUDA.
+        capture: use CUDA graphs; ``None`` = when ``X`` is on CUDA and not data-parallel.
+        data_parallel: this process's place in a process group, for data-parallel steps.
     """
 
     def __init__(
@@ -66,13 +75,17 @@ class TrainingStep:
         tests: torch.Tensor | None = None,
         *,
         capture: bool | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.model, self.objective, self.optimizer = model, objective, optimizer
         self.X, self.y, self.tests = X, y, tests
         self.n = len(X)
-        self.capture = X.is_cuda if capture is None else capture
+        self.data_parallel = data_parallel
+        self.capture = (X.is_cuda and data_parallel is None) if capture is None else capture
         if self.capture and not X.is_cuda:
             raise ValueError("CUDA-graph capture needs the training data on a CUDA device")
+        if self.capture and data_parallel is not None:
+            raise ValueError("CUDA-graph capture is not available in data-parallel training")
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=X.device)
         #: graph replays so far (steps that were not eager)
         self.replays = 0
@@ -90,9 +103,13 @@ class TrainingStep:
         else:
             xb, yb = self.X.index_select(0, index), self.y.index_select(0, index)
             tb = None if self.tests is None else self.tests.index_select(0, index)
-        loss = self.objective(self.model, xb, yb, self.n, tb)
+        parallel = self.data_parallel
+        with contextlib.nullcontext() if parallel is None else parallel.sharded_rows(self.model):
+            loss = self.objective(self.model, xb, yb, self.n, tb)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if parallel is not None:
+            parallel.average_gradients([p for group in self.optimizer.param_groups for p in group["params"]])
         self.optimizer.step()
         self.loss_sum.add_(loss.detach().to(torch.float64) * len(yb))
 
@@ -198,7 +215,9 @@ def train_epoch(
     loss sum and the Cholesky failure counters are read once, at the end: if a
     :class:`~geodbk.models.expansions.DeferredCholesky` failed, the model, optimizer and
     generator are put back as they were at the start and the epoch runs again with ten
-    times that factor's jitter (at most ``MAX_JITTER_LEVEL`` times in a fit).
+    times that factor's jitter (at most ``MAX_JITTER_LEVEL`` times in a fit). Data-parallel, the
+    loss sum and the counters are all-reduced (max) first, so that every rank redoes the epoch
+    together (the loss sum is already the same on every rank).
 
     Args:
         step: the training step, holding the model, objective, optimizer and data.
@@ -229,7 +248,10 @@ def train_epoch(
             else:
                 step.run(torch.randperm(n, generator=generator).to(step.X.device), cfg.batch_size)
                 rows = n
-            totals = torch.stack([step.loss_sum, *(guard.failures.to(torch.float64) for guard in guards)]).tolist()
+            read = torch.stack([step.loss_sum, *(guard.failures.to(torch.float64) for guard in guards)])
+            if step.data_parallel is not None:
+                step.data_parallel.all_reduce_(read, "max")
+            totals = read.tolist()
             failed = [guard for guard, count in zip(guards, totals[1:], strict=True) if count > 0]
             if not failed:
                 break

@@ -6,6 +6,11 @@ validation NLL are kept. NLL in original units is NLL_std + log(y_std).
 
 Each epoch is :func:`geodbk.fit.step.train_epoch`: a training step that never waits for the
 host, captured as a CUDA graph on CUDA, with one read of the loss per epoch.
+
+When a ``torch.distributed`` process group of two or more processes is initialised,
+:func:`fit_arrays` trains data-parallel over it (:mod:`geodbk.fit.distributed`): every rank
+passes the same arrays and settings and gets the same :class:`Regressor`, equal to a
+single-process fit up to rounding; only rank 0 shows progress and writes checkpoints.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from geodbk.errors import InputDataError
+from geodbk.fit.distributed import DataParallel
 from geodbk.fit.regressor import (
     Regressor,
     as_inputs,
@@ -62,23 +68,27 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 
 @torch.no_grad()
 def _mean_nll(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: int, tests: torch.Tensor | None = None
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    tests: torch.Tensor | None = None,
+    data_parallel: DataParallel | None = None,
 ) -> float:
-    """Mean predictive NLL on the standardised scale (of observations with ``tests`` counts)."""
+    """Mean predictive NLL on the standardised scale (of observations with ``tests`` counts) of
+    the rows ``X`` (n, d), ``y`` (n,); data-parallel, each rank sums its shard of the rows and the
+    sums are all-reduced, so every rank returns the same number."""
     model.eval()
+    n = len(y)
     total = torch.zeros((), dtype=torch.float64, device=y.device)
-    batches = zip(X.split(batch_size), y.split(batch_size), _row_batches(tests, len(y), batch_size), strict=True)
-    for xb, yb, tb in batches:
-        out = model(xb, tb)
-        total += gaussian_nll(yb, out.mean, out.predictive_var).sum()
-    return float(total) / len(y)
-
-
-def _row_batches(tests: torch.Tensor | None, n: int, batch_size: int) -> list:
-    """``tests`` split like the rows, or one ``None`` per batch."""
-    if tests is not None:
-        return list(tests.split(batch_size))
-    return [None] * math.ceil(n / batch_size)
+    rows = range(n) if data_parallel is None else range(n)[data_parallel.shard(n)]
+    for start in range(rows.start, rows.stop, batch_size):
+        batch = slice(start, min(start + batch_size, rows.stop))
+        out = model(X[batch], None if tests is None else tests[batch])
+        total += gaussian_nll(y[batch], out.mean, out.predictive_var).sum()
+    if data_parallel is not None:
+        data_parallel.all_reduce_(total)
+    return float(total) / n
 
 
 def fit_arrays(
@@ -108,7 +118,8 @@ def fit_arrays(
         resume: a checkpoint to continue from; overrides ``train_config.resume_from``.
 
     Returns:
-        The fitted :class:`Regressor`, holding the best-validation-NLL weights.
+        The fitted :class:`Regressor`, holding the best-validation-NLL weights (on every rank,
+        when a process group is initialised: see the module docstring).
 
     Raises:
         InputDataError: on mismatched shapes, non-finite values, fewer than 2 training
@@ -135,6 +146,7 @@ def fit_arrays(
 
     device = resolve_device(tcfg.device)
     dtype = mcfg.torch_dtype
+    parallel = DataParallel.current()
     torch.manual_seed(tcfg.seed)
 
     def tensor(a: np.ndarray) -> torch.Tensor:
@@ -164,12 +176,14 @@ def fit_arrays(
 
     if spec.fit is not None:
         fitted = spec.fit(Xt, yt, Xv, yv, mcfg, tcfg).to(device)
-        val_nll = _mean_nll(fitted, Xv, yv, tcfg.eval_batch_size, counts_val) + log_std
+        val_nll = _mean_nll(fitted, Xv, yv, tcfg.eval_batch_size, counts_val, parallel) + log_std
         return regressor(fitted, [{"epoch": 1, "loss": float("nan"), "val_nll": val_nll}], 1)
 
     model = build_model(kind, d, mcfg).to(device)
     if spec.prepare is not None and resume is None:
         spec.prepare(model, Xt, yt, Xv, yv, mcfg, tcfg, fit=fit_arrays)
+    if parallel is not None:
+        parallel.broadcast_(model)
     assert spec.objective is not None  # a kind without a closed-form fit has an objective
     objective = spec.objective(tcfg)
     optimizer = make_optimizer(model, tcfg)
@@ -192,14 +206,14 @@ def fit_arrays(
         initial=state["epoch"],
         total=tcfg.epochs,
         desc=kind,
-        disable=not tcfg.progress,
+        disable=not tcfg.progress or (parallel is not None and not parallel.is_main),
         leave=False,
     )
-    step = TrainingStep(model, objective, optimizer, Xt, yt, counts)
+    step = TrainingStep(model, objective, optimizer, Xt, yt, counts, data_parallel=parallel)
     for epoch in bar:
         loss = train_epoch(step, tcfg, spec.full_batch, generator, kind=kind, epoch=epoch + 1)
         objective.refresh(model, Xt, yt, counts)
-        val_nll = _mean_nll(model, Xv, yv, tcfg.eval_batch_size, counts_val) + log_std
+        val_nll = _mean_nll(model, Xv, yv, tcfg.eval_batch_size, counts_val, parallel) + log_std
         state["epoch"] = epoch + 1
         state["history"].append({"epoch": epoch + 1, "loss": loss, "val_nll": val_nll})
         if val_nll < state["best_val_nll"]:
@@ -208,7 +222,7 @@ def fit_arrays(
         else:
             state["wait"] += 1
         bar.set_postfix(loss=f"{loss:.4f}", val_nll=f"{val_nll:.4f}", best=f"{state['best_val_nll']:.4f}")
-        if tcfg.checkpoint_path is not None:
+        if tcfg.checkpoint_path is not None and (parallel is None or parallel.is_main):
             write_payload(
                 {
                     "kind": kind,
