@@ -80,18 +80,14 @@ def _run_predict(args: argparse.Namespace) -> int:
     from geodbk.fit.geomodel import GeoModel
     from geodbk.ingest.regions import load_region
     from geodbk.maps.geometry import RegularGrid
-    from geodbk.maps.predict import predict_grid
+    from geodbk.maps.predict import check_store, predict_grid
     from geodbk.maps.reference import parse_refs, reference_points
 
-    if not args.out.endswith((".nc", ".zarr")):
-        raise InputDataError(f"--out must end in .nc or .zarr, got {args.out}")
     if args.dask_scheduler is not None:
         from geodbk.maps.parallel import parse_scheduler
 
         parse_scheduler(args.dask_scheduler)
-        if not args.out.endswith(".zarr"):
-            raise InputDataError(f"--dask-scheduler writes blocks in parallel into a Zarr store: "
-                                 f"--out must end in .zarr, got {args.out}")
+    check_store(args.out, parallel=args.dask_scheduler is not None, name="--out")  # before the model loads
     when: str | list[str] | None = None if args.quarter is None else parse_quarter(args.quarter)
     change = parse_change(args.change)
     check_map_options(args)

@@ -119,7 +119,7 @@ def predict_grid(
     rows_per_block = min(rows_per_block, grid.height)
     if max_distance is not None and not max_distance > 0:
         raise InputDataError(f"max_distance must be positive metres, got {max_distance}")
-    _check_store(store, parallel=client is not None)
+    check_store(store, parallel=client is not None)
     sink = _open_sink(
         grid_template(grid, model, layers, lazy=store is not None, chunk_rows=rows_per_block,
                       max_distance=max_distance),
@@ -141,16 +141,17 @@ def predict_grid(
     return finished
 
 
-def _check_store(store: str | Path | None, *, parallel: bool) -> None:
-    """Raise unless ``store`` is a path this run can write (a Zarr store for a Dask cluster)."""
+def check_store(store: str | Path | None, *, parallel: bool, name: str = "store") -> None:
+    """Raise unless ``store`` is a path this run can write (a Zarr store for a Dask cluster);
+    ``name`` is what the message calls it (``"--out"`` in the CLI)."""
     suffix = None if store is None else Path(store).suffix
+    given = "none" if store is None else Path(store).name
     if parallel and suffix != ".zarr":
         raise InputDataError(
-            "a Dask cluster writes its blocks straight into a Zarr store: give a store ending in .zarr, "
-            f"got {'none' if store is None else Path(store).name}"
+            f"a Dask cluster writes its blocks straight into a Zarr store: {name} must end in .zarr, got {given}"
         )
     if store is not None and suffix not in (".zarr", ".nc", ".nc4"):
-        raise InputDataError(f"store must end in .zarr or .nc, got {Path(store).name}")
+        raise InputDataError(f"{name} must end in .nc or .zarr, got {given}")
 
 
 def _open_sink(template: xr.Dataset, store: str | Path | None) -> BlockSink:
@@ -214,7 +215,7 @@ def _block_warnings(
     from geodbk.maps.parallel import check_visible, connect, map_blocks
 
     sink = job.sink
-    assert isinstance(sink, ZarrSink), "a cluster writes into a Zarr store"  # _check_store made sure
+    assert isinstance(sink, ZarrSink), "a cluster writes into a Zarr store"  # check_store made sure
     with connect(client) as dask_client:
         check_visible(dask_client, sink.regions.path)
         remote = dataclasses.replace(job, sink=sink.regions)
@@ -284,4 +285,4 @@ def predict_region(
     return predict_grid(model, RegularGrid.over(region, resolution, crs=crs), time=time, **kwargs)
 
 
-__all__ = ["predict_grid", "predict_region"]
+__all__ = ["check_store", "predict_grid", "predict_region"]
