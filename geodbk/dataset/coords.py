@@ -39,7 +39,11 @@ MIN_SCALE_M = 1000.0
 Extent = tuple[float, float, float, float]
 
 
-def _outside(uv: np.ndarray, extent: Extent, margin: float) -> np.ndarray:
+#: How far (unit coordinates) beyond its fitted extent a point still counts as inside.
+DOMAIN_MARGIN = 0.05
+
+
+def outside_extent(uv: np.ndarray, extent: Extent, margin: float = DOMAIN_MARGIN) -> np.ndarray:
     """``(n, 2)`` unit coordinates -> ``(n,)`` bool, True outside ``extent = (umin, vmin, umax,
     vmax)`` grown by ``margin`` units on each side; NaN counts as outside."""
     umin, vmin, umax, vmax = extent
@@ -102,9 +106,9 @@ class CoordinateTransform:
         span = np.array([self.east - self.west, self.north - self.south])
         return (xy + 1.0) / 2.0 * span + lo
 
-    def outside(self, lonlat: ArrayLike, margin: float = 0.05) -> np.ndarray:
+    def outside(self, lonlat: ArrayLike, margin: float = DOMAIN_MARGIN) -> np.ndarray:
         """``(n, 2)`` lon/lat degrees -> ``(n,)`` bool, True outside the box grown by ``margin`` units."""
-        return _outside(self.to_unit(lonlat), self.extent, margin)
+        return outside_extent(self.to_unit(lonlat), self.extent, margin)
 
     def to_dict(self) -> dict[str, float | str]:
         """JSON-able ``{"kind": "box", "west", "south", "east", "north"}`` (degrees)."""
@@ -230,10 +234,10 @@ class ProjectedTransform:
         """A distance in projected metres -> the same distance in unit coordinates."""
         return float(distance_m) / self.scale_m
 
-    def outside(self, lonlat: ArrayLike, margin: float = 0.05) -> np.ndarray:
+    def outside(self, lonlat: ArrayLike, margin: float = DOMAIN_MARGIN) -> np.ndarray:
         """``(n, 2)`` lon/lat degrees -> ``(n,)`` bool, True outside :attr:`extent` grown by
         ``margin`` units."""
-        return _outside(self.to_unit(lonlat), self.extent, margin)
+        return outside_extent(self.to_unit(lonlat), self.extent, margin)
 
     def to_dict(self) -> dict[str, float | str | list[float]]:
         """JSON-able ``{"kind": "laea", "lon0", "lat0", "x0", "y0", "scale_m", "extent"}``."""

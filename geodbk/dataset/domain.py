@@ -18,6 +18,8 @@ FORECAST_QUARTERS = 1
 #: Share of a requested area outside the fitted extent above which the area counts as
 #: "mostly outside" (:meth:`DomainReport.problem`).
 MAX_OUTSIDE_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class DomainReport:
     """Where query points and quarters lie against the fitted extent and quarters.

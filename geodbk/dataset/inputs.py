@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, transform_from_dict
+from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, outside_extent, transform_from_dict
 from geodbk.dataset.domain import DomainReport
 from geodbk.dataset.quarters import parse_quarter_label, quarter_label, quarter_years
 from geodbk.errors import InputDataError
@@ -118,9 +118,7 @@ class InputSpace:
         """(n,) decimal years of ``when`` (default the latest fitted quarter), or None without time."""
         if self.time is None:
             return None
-        parsed = parse_time(when)
-        if parsed is None:
-            parsed = self.time.last
+        parsed = self._decimal_years(when)
         if np.ndim(parsed) == 0:
             years = np.broadcast_to(np.asarray(parsed, dtype=np.float64), (n,))
         else:
@@ -128,6 +126,12 @@ class InputSpace:
         if len(years) != n:
             raise InputDataError(f"time has {len(years)} values for {n} points")
         return years
+
+    def _decimal_years(self, when: TimeLike) -> np.ndarray | float:
+        """``when`` as decimal years (scalar or (n,)), ``None`` being the latest fitted quarter; needs a time axis."""
+        assert self.time is not None
+        parsed = parse_time(when)
+        return self.time.last if parsed is None else parsed
 
     def features(self, lonlat: np.ndarray, when: TimeLike = None) -> np.ndarray:
         """Model inputs X, (n, input_dim), for ``lonlat`` (n, 2) degrees.
@@ -141,26 +145,30 @@ class InputSpace:
             return xy
         return np.column_stack([xy, self.time.to_unit(years)])
 
-    def domain(self, lonlat: np.ndarray, times: Sequence[TimeLike] = (None,)) -> DomainReport:
+    def domain(
+        self, lonlat: np.ndarray, times: Sequence[TimeLike] = (None,), *, xy: np.ndarray | None = None
+    ) -> DomainReport:
         """Where ``lonlat`` (n, 2) degrees at each of ``times`` (as in :meth:`features`; None = the
-        latest fitted quarter) lie against the fitted extent (grown by 5%) and quarters."""
-        outside = self.coords.outside(lonlat)
+        latest fitted quarter) lie against the fitted extent (grown by 5%) and quarters.
+
+        ``xy``: the (n, 2) unit coordinates of ``lonlat`` when already at hand (the first two
+        columns of :meth:`features`), so that they are not projected again."""
+        outside = outside_extent(self.coords.to_unit(lonlat) if xy is None else xy, self.coords.extent)
         queried = fitted = None
         if self.time is not None:
             fitted = (self.time.first, self.time.last)
             # every queried time counts, with or without points (a map's quarters are checked before its cells)
-            years = [np.atleast_1d(self.time.last if p is None else p) for p in map(parse_time, times)]
-            joined = np.concatenate(years or [np.empty(0)])
+            joined = np.concatenate([np.atleast_1d(self._decimal_years(when)) for when in times] or [np.empty(0)])
             if len(joined):
                 queried = (float(joined.min()), float(joined.max()))
         return DomainReport(len(outside), int(outside.sum()), queried, fitted)
 
-    def extrapolation(self, lonlat: np.ndarray, when: TimeLike = None) -> str | None:
+    def extrapolation(self, lonlat: np.ndarray, when: TimeLike = None, *, xy: np.ndarray | None = None) -> str | None:
         """A one-line description of where the query leaves the fitted domain, or None
-        (:meth:`DomainReport.warning` of :meth:`domain`): points outside the fitted extent
-        and times after the last or before the first fitted quarter; one quarter ahead is
-        allowed but still flagged."""
-        return self.domain(lonlat, [when]).warning()
+        (:meth:`DomainReport.warning` of :meth:`domain`, ``xy`` as there): points outside the
+        fitted extent and times after the last or before the first fitted quarter; one quarter
+        ahead is allowed but still flagged."""
+        return self.domain(lonlat, [when], xy=xy).warning()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -121,15 +121,16 @@ class GeoModel:
         fitted quarter; ignored by a time-free (paper protocol) model.
         """
         lonlat = _lonlat(lonlat, name)
-        problem = self.inputs.extrapolation(lonlat, time)
+        X = self.inputs.features(lonlat, time)
+        problem = self.inputs.extrapolation(lonlat, time, xy=X[:, :2])  # the projected columns, not projected again
         if problem is not None:
             warnings.warn(f"{self.kind}: {problem}", ExtrapolationWarning, stacklevel=3)
-        return self.inputs.features(lonlat, time)
+        return X
 
     def _years(self, when: TimeLike, n: int) -> np.ndarray:
         """(n,) decimal years of ``when`` for a model with time (every model with a residual field)."""
         years = self.inputs.years(when, n)
-        assert years is not None  # residual fields and domain_report's quarters come with a time axis
+        assert years is not None  # residual fields come with a time axis
         return years
 
     def predict(

@@ -111,11 +111,12 @@ class Regressor:
             checked = check_precision(precision)
         except ValueError as err:
             raise InputDataError(str(err)) from None
-        if checked != "float32" and not hasattr(self.model, "backbone_precision"):
+        supported = hasattr(self.model, "backbone_precision")
+        if checked != "float32" and not supported:
             raise InputDataError(f"{self.kind} has no reduced-precision prediction; use float32")
         if checked != "float32" and self.dtype != torch.float32:
             raise InputDataError(f"{checked} prediction needs a float32 model; this {self.kind} is {self.dtype}")
-        if hasattr(self.model, "backbone_precision"):
+        if supported:
             setattr(self.model, "backbone_precision", checked)  # noqa: B010 (nn.Module declares no such attribute)
 
     @property
