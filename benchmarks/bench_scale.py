@@ -25,7 +25,7 @@ Training
     :class:`~geodbk.dataset.inputs.TimeAxis` over the training quarters, the rows split 8:1:1 by
     :func:`geodbk.dataset.splits.random_split`, targets standardised on the train rows, and
     :func:`~geodbk.fit.geomodel.map_model_config` with the positional encoding's shortest
-    wavelength set from :data:`~geodbk.fit.geomodel.MIN_WAVELENGTH_M`. dbk-rbf of the ``--preset``
+    wavelength set by :func:`~geodbk.fit.geomodel.with_encoding_wavelength`. dbk-rbf of the ``--preset``
     size (cpu: h = 64, r = 128, batch 1024) is then trained with :class:`geodbk.fit.step.TrainingStep`
     and :func:`geodbk.fit.step.train_epoch`, the loop of :func:`geodbk.fit.train.fit_arrays`. Setup
     (tensors on the device, model, optimizer) is timed apart from the epochs; each epoch is
@@ -65,7 +65,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -81,18 +81,17 @@ from geodbk.dataset.inputs import InputSpace, TimeAxis
 from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.splits import random_split
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import ENCODING_SCALES, MIN_WAVELENGTH_M, GeoModel, map_model_config
+from geodbk.fit.geomodel import ENCODING_SCALES, MIN_WAVELENGTH_M, GeoModel, map_model_config, with_encoding_wavelength
 from geodbk.fit.regressor import Regressor, build_model
 from geodbk.fit.step import TrainingStep, train_epoch
-from geodbk.fit.train import make_optimizer
+from geodbk.fit.train import make_optimizer, mean_nll
 from geodbk.ingest.ookla import read_tiles
 from geodbk.ingest.quadkey import OOKLA_ZOOM, lonlat_to_tile, quadkey_to_tile, tile_bounds
 from geodbk.maps.geometry import WGS84, RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.models import ModelConfig, get_model_spec
-from geodbk.models.config import PRESETS, RunPreset, TrainConfig
+from geodbk.models.config import PRESETS, TrainConfig
 from geodbk.models.expansions import deferred_cholesky_checks
-from geodbk.models.objectives import gaussian_nll
 
 KIND = "dbk-rbf"
 QUARTERS = [(year, quarter) for year in range(2019, 2024) for quarter in range(1, 5)]
@@ -345,26 +344,6 @@ def build_inputs(data: TileRows, dtype: torch.dtype, seed: int, chunk: int = 1 <
                   {s: tests[m] for s, m in masks.items()}, y_mean, y_std)
 
 
-def model_config(space: InputSpace, preset: RunPreset, dtype: str) -> ModelConfig:
-    """The space-time map settings of ``fit_dataset`` at the preset's size."""
-    config = map_model_config("space-time", hidden=preset.hidden, rank=preset.rank, dtype=dtype)
-    assert isinstance(space.coords, ProjectedTransform)
-    shortest = min(space.coords.metres_to_units(MIN_WAVELENGTH_M), config.encoding_max_wavelength)
-    return replace(config, encoding_min_wavelength=shortest)
-
-
-@torch.no_grad()
-def validation_nll(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, tests: torch.Tensor,
-                   batch: int) -> float:
-    """Mean predictive NLL of standardised ``y``: the validation pass fit_arrays runs after each epoch."""
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=X.device)
-    for xb, yb, tb in zip(X.split(batch), y.split(batch), tests.split(batch), strict=True):
-        out = model(xb, tb)
-        total += gaussian_nll(yb, out.mean, out.predictive_var).sum()
-    return float(total) / len(y)
-
-
 def partial_epoch(step: TrainingStep, batch: int, steps: int, generator: torch.Generator) -> tuple[float, float, float]:
     """``steps`` training steps on the head of a random permutation of all rows, as train_epoch
     runs them; returns (mean loss, seconds for the permutation, seconds for the steps)."""
@@ -443,7 +422,7 @@ def train(device: torch.device, inputs: Inputs, config: ModelConfig, tc: TrainCo
             train_s = permutation_s + steps_s * steps_per_epoch / timed_steps
         else:
             loss, train_s = timed(partial(train_epoch, step, tc, False, generator, kind=KIND, epoch=epoch), device)
-        val_nll, val_s = timed(lambda: validation_nll(step.model, X_val, y_val, tests_val, tc.eval_batch_size), device)
+        val_nll, val_s = timed(lambda: mean_nll(step.model, X_val, y_val, tc.eval_batch_size, tests_val), device)
         times.append(EpochTime(train_s, val_s, loss, val_nll, timed_steps))
         print(f"  {device.type} epoch {epoch}: {train_s:.1f} s train{' (extrapolated)' if extrapolated else ''}, "
               f"{val_s:.1f} s validation", flush=True)
@@ -701,7 +680,9 @@ def main() -> None:
     print_data(data, pr, generate_s, generate_peak, inputs_s, inputs)
 
     preset = PRESETS[args.preset]
-    config = model_config(inputs.space, preset, args.dtype)
+    config = with_encoding_wavelength(
+        map_model_config("space-time", hidden=preset.hidden, rank=preset.rank, dtype=args.dtype), inputs.space
+    )
     _, tc = preset.configs(progress=False)
     if args.grid_only:
         regressor = untrained(inputs, config, tc)

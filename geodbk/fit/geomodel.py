@@ -63,6 +63,17 @@ def map_model_config(protocol: str = "space-time", **overrides: Any) -> ModelCon
     return ModelConfig(**{**defaults, **overrides})
 
 
+def with_encoding_wavelength(
+    config: ModelConfig, inputs: InputSpace, min_wavelength_m: float = MIN_WAVELENGTH_M
+) -> ModelConfig:
+    """``config`` with the positional encoding's shortest wavelength set to ``min_wavelength_m``
+    metres in ``inputs``' unit coordinates (projected inputs with an encoding only)."""
+    if not isinstance(inputs.coords, ProjectedTransform) or config.encoding_scales == 0:
+        return config
+    shortest = min(inputs.coords.metres_to_units(min_wavelength_m), config.encoding_max_wavelength)
+    return replace(config, encoding_min_wavelength=shortest)
+
+
 def _lonlat(a: np.ndarray, name: str) -> np.ndarray:
     arr = np.asarray(a, dtype=np.float64)
     if arr.ndim == 1 and arr.shape[0] == 2:
@@ -402,9 +413,7 @@ def fit_dataset(
     """
     inputs = InputSpace.for_dataset(dataset, protocol)
     config = model_config or map_model_config(protocol)
-    if isinstance(inputs.coords, ProjectedTransform) and config.encoding_scales > 0:
-        shortest = min(inputs.coords.metres_to_units(min_wavelength_m), config.encoding_max_wavelength)
-        config = replace(config, encoding_min_wavelength=shortest)
+    config = with_encoding_wavelength(config, inputs, min_wavelength_m)
 
     def rows(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         part = dataset.subset(split)

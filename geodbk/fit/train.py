@@ -67,7 +67,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 @torch.no_grad()
-def _mean_nll(
+def mean_nll(
     model: nn.Module,
     X: torch.Tensor,
     y: torch.Tensor,
@@ -176,7 +176,7 @@ def fit_arrays(
 
     if spec.fit is not None:
         fitted = spec.fit(Xt, yt, Xv, yv, mcfg, tcfg).to(device)
-        val_nll = _mean_nll(fitted, Xv, yv, tcfg.eval_batch_size, counts_val, parallel) + log_std
+        val_nll = mean_nll(fitted, Xv, yv, tcfg.eval_batch_size, counts_val, parallel) + log_std
         return regressor(fitted, [{"epoch": 1, "loss": float("nan"), "val_nll": val_nll}], 1)
 
     model = build_model(kind, d, mcfg).to(device)
@@ -213,7 +213,7 @@ def fit_arrays(
     for epoch in bar:
         loss = train_epoch(step, tcfg, spec.full_batch, generator, kind=kind, epoch=epoch + 1)
         objective.refresh(model, Xt, yt, counts)
-        val_nll = _mean_nll(model, Xv, yv, tcfg.eval_batch_size, counts_val, parallel) + log_std
+        val_nll = mean_nll(model, Xv, yv, tcfg.eval_batch_size, counts_val, parallel) + log_std
         state["epoch"] = epoch + 1
         state["history"].append({"epoch": epoch + 1, "loss": loss, "val_nll": val_nll})
         if val_nll < state["best_val_nll"]:
