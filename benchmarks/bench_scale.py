@@ -81,7 +81,8 @@ from geodbk.dataset.inputs import InputSpace, TimeAxis
 from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.splits import random_split
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import ENCODING_SCALES, MIN_WAVELENGTH_M, GeoModel, map_model_config, with_encoding_wavelength
+from geodbk.fit.geomodel import GeoModel
+from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, map_model_config, with_encoding_wavelength
 from geodbk.fit.regressor import Regressor, build_model
 from geodbk.fit.step import TrainingStep, train_epoch
 from geodbk.fit.train import make_optimizer, mean_nll

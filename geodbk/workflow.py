@@ -29,8 +29,9 @@ from geodbk.dataset.quarters import parse_quarter_label
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_dir
-from geodbk.fit.geomodel import GeoModel, fit_dataset, map_model_config
+from geodbk.fit.geomodel import GeoModel, fit_dataset
 from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
+from geodbk.fit.protocol import map_model_config
 from geodbk.io.geotiff import write_geotiff
 from geodbk.io.vectors import write_tile_predictions
 from geodbk.maps.geometry import RegularGrid

@@ -52,7 +52,8 @@ def test_predict_other_crs_with_refs(run_dir, tmp_path, capsys) -> None:
 
 def test_predict_at_bf16_is_the_python_bf16_prediction(run_dir, tmp_path) -> None:
     from geodbk.dataset.spatial_dataset import SpatialDataset
-    from geodbk.fit.geomodel import fit_dataset, map_model_config
+    from geodbk.fit.geomodel import fit_dataset
+    from geodbk.fit.protocol import map_model_config
     from geodbk.models.config import TrainConfig
 
     out, path = tmp_path / "bf16.nc", tmp_path / "dbk-rbf.pt"  # a kind with a deep backbone

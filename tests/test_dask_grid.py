@@ -17,7 +17,8 @@ import xarray as xr
 from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.fit.geomodel import fit_dataset, map_model_config
+from geodbk.fit.geomodel import fit_dataset
+from geodbk.fit.protocol import map_model_config
 from geodbk.maps import predict as predict_module
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.parallel import parse_scheduler

@@ -10,7 +10,8 @@ import pytest
 from geodbk.cli import main
 from geodbk.dataset.domain import FORECAST_QUARTERS, DomainReport
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import fit_dataset, map_model_config
+from geodbk.fit.geomodel import fit_dataset
+from geodbk.fit.protocol import map_model_config
 from geodbk.ingest.regions import load_region
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid

@@ -10,7 +10,8 @@ import shapely
 
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.fit.geomodel import GeoModel, fit_dataset, map_model_config
+from geodbk.fit.geomodel import GeoModel, fit_dataset
+from geodbk.fit.protocol import map_model_config
 from geodbk.maps.geometry import RegularGrid
 from geodbk.models.config import TrainConfig
 

@@ -6,11 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geodbk.dataset.spatial_dataset import load_sample_dataset
-from geodbk.errors import InputDataError
-from geodbk.fit.geomodel import GeoModel, fit_dataset, map_model_config
 from geodbk.dataset.inputs import InputSpace
 from geodbk.dataset.quarters import quarter_years
+from geodbk.dataset.spatial_dataset import load_sample_dataset
+from geodbk.errors import InputDataError
+from geodbk.fit.geomodel import GeoModel, fit_dataset
+from geodbk.fit.protocol import map_model_config
 from geodbk.models.config import TrainConfig
 
 

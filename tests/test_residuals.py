@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres
 from geodbk.fit.residuals import LocalKernel, ResidualField, tile_centres
+from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres
 
 SAN_JUAN = (-66.06, 18.45)
 KERNEL = LocalKernel(
@@ -297,7 +297,8 @@ def pr_two_quarters():
 
 @pytest.fixture(scope="module")
 def fitted(pr_two_quarters):
-    from geodbk.fit.geomodel import fit_dataset, map_model_config
+    from geodbk.fit.geomodel import fit_dataset
+    from geodbk.fit.protocol import map_model_config
     from geodbk.models.config import TrainConfig
 
     def fit(kind="dbk-rbf", **kw):
@@ -425,3 +426,51 @@ def test_area_variance_is_exact_on_the_diagonal_and_fully_correlated_within_a_ti
     far = field.area_variance(np.array([[-66.06, 18.45], [-66.5, 18.2]]), np.array([0.04, 0.09]),
                               np.array([0.5, 0.5]), np.zeros(2, int), 1)
     assert far[0] == pytest.approx(0.25 * (0.04 + 0.09), rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- forecast horizon
+
+
+def test_pseudo_forecast_recovers_a_known_relative_excess_variance():
+    """Validation rows of the last quarter whose residuals have (1 + kappa) times the variance the
+    field predicts for them: kappa = 0.5 comes back, as a rate per year over the 0.25-year gap."""
+    rng = np.random.default_rng(3)
+    train_keys = tiles_near(rng, 40, 0.02)
+    years = np.repeat([2023.375, 2023.625], 20)
+    field = make_field(KERNEL, train_keys, years, np.zeros(40), np.full(40, 0.05), 16)
+    far = (SAN_JUAN[0] + 0.5, SAN_JUAN[1])  # 50 km away: no correction, conditional var = prior var
+    val_lonlat = np.column_stack([far[0] + rng.uniform(-0.1, 0.1, 3000), far[1] + rng.uniform(-0.1, 0.1, 3000)])
+    gp_var = rng.uniform(0.02, 0.2, size=3000)
+    total = KERNEL.combine(gp_var, np.full(3000, KERNEL.prior_var))
+    residual = rng.normal(0.0, np.sqrt(1.5 * total))
+    rate = field._pseudo_forecast_rate(val_lonlat, np.full(3000, 2023.625), residual, gp_var)
+    assert rate * 0.25 == pytest.approx(0.5, abs=0.08)
+    # no last-quarter validation rows, or one training quarter: no rate
+    assert field._pseudo_forecast_rate(val_lonlat, np.full(3000, 2023.375), residual, gp_var) == 0.0
+
+
+@pytest.mark.filterwarnings("ignore::geodbk.errors.ExtrapolationWarning")  # quarters after the fitted ones, by design
+def test_forecast_variance_grows_with_the_horizon(pr_model):
+    field = pr_model.residuals
+    lonlat = np.array([[-66.06, 18.45], [-66.5, 18.2], [-67.1, 18.3]])
+    saved = field.horizon_rate
+    try:
+        field.horizon_rate = 0.0
+        plain = pr_model.predict_series(lonlat, ["2023Q4", "2024Q1", "2024Q2", "2024Q4"])
+        plain_change = pr_model.predict_change(lonlat, "2023Q4", "2024Q2")
+        field.horizon_rate = 1.2
+        ahead = pr_model.predict_series(lonlat, ["2023Q4", "2024Q1", "2024Q2", "2024Q4"])
+        change = pr_model.predict_change(lonlat, "2023Q4", "2024Q2")
+    finally:
+        field.horizon_rate = saved
+    # inside the fitted period nothing changes; after it the variance is F(h) = 1 + 1.2 h times larger
+    np.testing.assert_allclose(ahead[0].sd, plain[0].sd, rtol=1e-12)
+    for p, q, h in zip(ahead[1:], plain[1:], (0.25, 0.5, 1.0), strict=True):
+        np.testing.assert_allclose(p.sd**2, (1 + 1.2 * h) * q.sd**2, rtol=1e-9)
+        np.testing.assert_allclose(p.mean, q.mean, rtol=0, atol=0)
+    ratios = np.stack([(p.sd / q.sd) for p, q in zip(ahead, plain, strict=True)])
+    assert (np.diff(ratios, axis=0) > 0).all()
+    # the change into a forecast quarter: covariance scaled by sqrt(F_from F_to), so wider than without
+    assert (change.sd > plain_change.sd).all()
+    np.testing.assert_allclose(change.sd_to**2, 1.6 * plain_change.sd_to**2, rtol=1e-9)
+    np.testing.assert_allclose(change.sd_from, plain_change.sd_from, rtol=1e-12)

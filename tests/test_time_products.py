@@ -24,15 +24,15 @@ from scipy.stats import norm
 from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.fit.geomodel import fit_dataset
+from geodbk.fit.protocol import map_model_config
+from geodbk.fit.regressor import Regressor, build_model
 from geodbk.io.geotiff import write_geotiff
-from geodbk.fit.geomodel import fit_dataset, map_model_config
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.stores import open_grid
-from geodbk.models.config import ModelConfig
-from geodbk.fit.regressor import Regressor, build_model
 from geodbk.maps.summaries import polygon_cells, summarize_polygons, write_summary
-from geodbk.models.config import TrainConfig
+from geodbk.models.config import ModelConfig, TrainConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -195,8 +195,9 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     import pandas as pd
 
     from geodbk.dataset.spatial_dataset import SpatialDataset
-    from geodbk.fit.geomodel import MIN_WAVELENGTH_M, fit_dataset, map_model_config
+    from geodbk.fit.geomodel import fit_dataset
     from geodbk.fit.metrics import format_metrics_table, metrics_table, save_metrics
+    from geodbk.fit.protocol import MIN_WAVELENGTH_M, map_model_config
     from geodbk.models.config import run_preset
     from geodbk.workflow import RunFolder, evaluate_on_test
 

@@ -22,6 +22,7 @@ import pyproj
 import shapely
 import torch
 import xarray as xr
+from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
 from geodbk.dataset.domain import DomainReport
@@ -29,6 +30,7 @@ from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time
 from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.fit.protocol import MIN_WAVELENGTH_M, map_model_config, with_encoding_wavelength
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
 from geodbk.fit.train import fit_arrays
@@ -37,41 +39,10 @@ from geodbk.ingest.regions import Region
 from geodbk.maps.geometry import RegionLike
 from geodbk.maps.predict import predict_region
 from geodbk.models.config import ModelConfig, TrainConfig
+from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import ChangePrediction, Prediction
 
-#: Positional-encoding wavelengths of the space-time protocol: the shortest, metres, and how
-#: many. On PR validation data (30 epochs) 1000 m / 8 scales, 500 m / 8 and 300 m / 10 scored
-#: within 0.005 NLL of each other (0.696, 0.698, 0.693); the cheapest was kept.
-MIN_WAVELENGTH_M = 1000.0
-ENCODING_SCALES = 8
-#: Initial noise variance (standardised y, one test) of every kind in map fits, both
-#: protocols. From the spec's 1e-2, dbk-rbf sometimes put the whole signal into predictive
-#: variance for many epochs. At the CPU schedule, from 0.3 instead: HI space-time validation
-#: NLL 0.649 vs 0.722; HI paper test NLL 0.967 vs 0.979 (validation 0.946); PR space-time
-#: validation 0.498.
-MAP_NOISE_INIT = 0.3
-
 _FORMAT = "geodbk.fit.geomodel/2"
-
-def map_model_config(protocol: str = "space-time", **overrides: Any) -> ModelConfig:
-    """The model settings of a protocol, every kind starting from noise :data:`MAP_NOISE_INIT`:
-    ``space-time`` adds the positional encoding (:data:`ENCODING_SCALES` scales) and the
-    test-count noise; ``paper`` has neither."""
-    defaults: dict[str, Any] = {"noise_init": MAP_NOISE_INIT}
-    if protocol != "paper":
-        defaults.update(encoding_scales=ENCODING_SCALES, test_noise=True)
-    return ModelConfig(**{**defaults, **overrides})
-
-
-def with_encoding_wavelength(
-    config: ModelConfig, inputs: InputSpace, min_wavelength_m: float = MIN_WAVELENGTH_M
-) -> ModelConfig:
-    """``config`` with the positional encoding's shortest wavelength set to ``min_wavelength_m``
-    metres in ``inputs``' unit coordinates (projected inputs with an encoding only)."""
-    if not isinstance(inputs.coords, ProjectedTransform) or config.encoding_scales == 0:
-        return config
-    shortest = min(inputs.coords.metres_to_units(min_wavelength_m), config.encoding_max_wavelength)
-    return replace(config, encoding_min_wavelength=shortest)
 
 
 def _lonlat(a: np.ndarray, name: str) -> np.ndarray:
@@ -156,16 +127,20 @@ class GeoModel:
         prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
         if self.residuals is None:
             return prediction
-        return self._with_residuals(prediction, *self.residuals.condition(lonlat, self._years(time, len(lonlat))))
+        years = self._years(time, len(lonlat))
+        return self._with_residuals(prediction, *self.residuals.condition(lonlat, years), years)
 
-    def _with_residuals(self, prediction: Prediction, shift: np.ndarray, var: np.ndarray) -> Prediction:
+    def _with_residuals(
+        self, prediction: Prediction, shift: np.ndarray, var: np.ndarray, years: np.ndarray
+    ) -> Prediction:
         """The GP's prediction plus the local field's kriged residual ``shift`` and its conditional
-        ``var``: mean + shift, sd^2 -> s sd^2 + var (both sds)."""
+        ``var`` at times ``years``: mean + shift, sd^2 -> F(t) (s sd^2 + var) (both sds), F the
+        forecast horizon's factor (:meth:`~geodbk.fit.residuals.ResidualField.horizon_factor`)."""
         assert self.residuals is not None  # only called with a residual field
-        scale = self.residuals.kernel.variance_scale
+        kernel, factor = self.residuals.kernel, self.residuals.horizon_factor(years)
 
         def widened(sd: np.ndarray) -> np.ndarray:
-            return np.sqrt(scale * sd**2 + var)
+            return np.sqrt(factor * kernel.combine(sd**2, var))
 
         measurement_sd = None if prediction.measurement_sd is None else widened(prediction.measurement_sd)
         return Prediction(prediction.mean + shift, widened(prediction.sd), measurement_sd)
@@ -182,7 +157,7 @@ class GeoModel:
             return gp
         years = np.stack([self._years(when, len(lonlat)) for when in times])
         shift, var = self.residuals.condition(lonlat, years)
-        return [self._with_residuals(p, shift[t], var[t]) for t, p in enumerate(gp)]
+        return [self._with_residuals(p, shift[t], var[t], years[t]) for t, p in enumerate(gp)]
 
     def predict_tiles(self, tiles: pd.DataFrame) -> Prediction:
         """Predictions for dataset rows (columns lon, lat, year, quarter, tests): each at its own
@@ -197,7 +172,9 @@ class GeoModel:
         Var = s ||L^T (phi(x, t_to) - phi(x, t_from))||^2 (+ the residual covariance of
         inducing-point kinds) + the local residual field's joint variance of the change
         (:meth:`~geodbk.fit.residuals.ResidualField.change_variance`). The tile-quarter noise
-        sigma0^2 is not part of the latent surface, so it is not in the change.
+        sigma0^2 is not part of the latent surface, so it is not in the change. A quarter after
+        the fitted ones has its covariances scaled by the forecast factor F(t) (as in
+        :meth:`predict`): Var = F_to v_to + F_from v_from - 2 sqrt(F_to F_from) Cov.
         """
         self._require_kernel()
         if self.inputs.time is None:
@@ -209,18 +186,21 @@ class GeoModel:
         before, after = self.predict_series(lonlat, [time_from, time_to])
         var = self.regressor.difference_variance(X_from, X_to)
         nugget = self.regressor.tile_noise_variance  # in the tile-mean sd, not in the latent f
+        factor_from = factor_to = np.ones(len(lonlat))
         if self.residuals is not None:
             years_from = self._years(time_from, len(lonlat))
             years_to = self._years(time_to, len(lonlat))
-            scale = self.residuals.kernel.variance_scale
-            var = scale * var + self.residuals.change_variance(lonlat, years_from, years_to)
-            nugget *= scale
-
-        def latent(p: Prediction) -> np.ndarray:
-            return np.sqrt(np.maximum(p.sd**2 - nugget, 0.0))
-
+            kernel = self.residuals.kernel
+            var = kernel.combine(var, self.residuals.change_variance(lonlat, years_from, years_to))
+            nugget *= kernel.variance_scale
+            factor_from, factor_to = self.residuals.horizon_factor(years_from), self.residuals.horizon_factor(years_to)
+        v_from = np.maximum(before.sd**2 / factor_from - nugget, 0.0)
+        v_to = np.maximum(after.sd**2 / factor_to - nugget, 0.0)
+        covariance = 0.5 * (v_from + v_to - var)
+        var = factor_to * v_to + factor_from * v_from - 2.0 * np.sqrt(factor_from * factor_to) * covariance
         change = after.mean - before.mean
-        return ChangePrediction(change, np.sqrt(var), before.mean, after.mean, latent(before), latent(after))
+        return ChangePrediction(change, np.sqrt(np.maximum(var, 0.0)), before.mean, after.mean,
+                                np.sqrt(factor_from * v_from), np.sqrt(factor_to * v_to))
 
     def predict_areas(
         self,
@@ -264,10 +244,13 @@ class GeoModel:
         var = self.regressor.weighted_sum_variance(X, w, groups, n_groups)
         var += self.regressor.tile_noise_variance * np.bincount(groups, weights=w**2, minlength=n_groups)
         if self.residuals is not None:
-            shift, local_var = self.residuals.condition(lonlat, self._years(time, len(lonlat)))
+            years = self._years(time, len(lonlat))
+            shift, local_var = self.residuals.condition(lonlat, years)
             mean = mean + shift
-            var = self.residuals.kernel.variance_scale * var
-            var += self.residuals.area_variance(lonlat, local_var, w, groups, n_groups)
+            local = self.residuals.area_variance(lonlat, local_var, w, groups, n_groups)
+            var = self.residuals.kernel.combine(var, local)
+            if len(years):  # one quarter: the forecast factor is the same for every point
+                var = var * float(self.residuals.horizon_factor(years[0]))
         empty = totals <= 0
         area_mean = np.where(empty, np.nan, np.bincount(groups, weights=w * mean, minlength=n_groups))
         return Prediction(area_mean, np.where(empty, np.nan, np.sqrt(var)))
@@ -275,19 +258,28 @@ class GeoModel:
     def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | float | None = None) -> np.ndarray:
         """Prior kernel k((x, t), (x_ref, t)), (n, k), in (log10 units)^2, all at one quarter ``time``.
 
-        Inputs in degrees; ``time`` as in :meth:`features` but a single quarter.
+        The kernel of the model the maps use: with a local residual field,
+        ``s k_GP + k_local`` (the same tile, then decaying over its range), so a slice shows both
+        the deep kernel's long-range structure and the tile-scale part. Inputs in degrees;
+        ``time`` as in :meth:`features` but a single quarter.
         """
         self._require_kernel()
         parsed = parse_time(time)
         if parsed is not None and np.ndim(parsed) > 0:
             raise InputDataError("a kernel slice is taken at one quarter; give time as '2023Q4' or one decimal year")
-        X = self.features(lonlat, time)
-        return self.regressor.kernel(X, self.inputs.features(_lonlat(ref_lonlat, "ref_lonlat"), time))
+        lonlat, ref_lonlat = _lonlat(lonlat, "lonlat"), _lonlat(ref_lonlat, "ref_lonlat")
+        gp = self.regressor.kernel(self.features(lonlat, time), self.inputs.features(ref_lonlat, time))
+        if self.residuals is None:
+            return gp
+        return self.residuals.kernel.combine(gp, self.residuals.prior_covariance(lonlat, ref_lonlat))
 
     def prior_variance(self, lonlat: np.ndarray, time: TimeLike = None) -> np.ndarray:
         """Prior variance k(x, x), (n,), in (log10 units)^2; the diagonal of :meth:`kernel_slice`."""
         self._require_kernel()
-        return self.regressor.prior_variance(self.features(lonlat, time))
+        gp = self.regressor.prior_variance(self.features(lonlat, time))
+        if self.residuals is None:
+            return gp
+        return self.residuals.kernel.combine(gp, np.full_like(gp, self.residuals.kernel.prior_var))
 
     def _require_kernel(self) -> None:
         if not self.has_kernel:
@@ -302,8 +294,6 @@ class GeoModel:
         if self.support is None:
             raise InputDataError(f"the {self.kind} model was saved without its training tile locations")
         if self._support_index is None:
-            from scipy.spatial import cKDTree
-
             projection = ProjectedTransform.from_lonlat(self.support)
             self._support_index = (projection, cKDTree(projection.to_metres(self.support)))
         projection, tree = self._support_index
@@ -395,6 +385,7 @@ def fit_dataset(
     train_config: TrainConfig | None = None,
     min_wavelength_m: float = MIN_WAVELENGTH_M,
     local_residuals: bool = True,
+    conjugate_posterior: bool = True,
 ) -> GeoModel:
     """Fit ``kind`` on the dataset's train split, selecting on its val split.
 
@@ -410,6 +401,11 @@ def fit_dataset(
         local_residuals: for GP kinds under the space-time protocol, add a
             :class:`~geodbk.fit.residuals.ResidualField` fitted to the training residuals, with
             its hyperparameters chosen on the validation rows.
+        conjugate_posterior: under the space-time protocol, for kinds whose
+            :class:`~geodbk.models.zoo.ModelSpec` asks for it (dbk-rbf, dbk-silu), replace the
+            trained q(w), noise and constant mean by the conjugate posterior given the learned
+            basis (:meth:`Regressor.refit_posterior`) before the residual field is fitted, so
+            that the covariance behind area, change and exceedance products is a posterior.
     """
     inputs = InputSpace.for_dataset(dataset, protocol)
     config = model_config or map_model_config(protocol)
@@ -426,6 +422,9 @@ def fit_dataset(
     regressor = fit_arrays(
         kind, X, y, X_val, y_val, tests=tests, tests_val=tests_val, model_config=config, train_config=train_config
     )
+    refit = conjugate_posterior and protocol == "space-time" and get_model_spec(kind).conjugate_posterior
+    if refit:
+        regressor.refit_posterior(X, y, tests, dataset.subset("train")["quadkey"].to_numpy())
     residuals = None
     if local_residuals and protocol == "space-time" and regressor.has_kernel:
         train_pred, val_pred = regressor.predict(X, tests=tests), regressor.predict(X_val, tests=tests_val)
@@ -445,6 +444,7 @@ def fit_dataset(
         "split": dataset.split_protocol,
         "n_train": int(len(y)),
         "local_residuals": residuals is not None,
+        "posterior": "conjugate" if refit else "trained",
     }
     support = dataset.subset("train").drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
     return GeoModel(regressor, inputs, meta, support, residuals)

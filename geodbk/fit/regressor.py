@@ -19,7 +19,9 @@ from torch import nn
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
+from geodbk.models.basis_gp import BasisGP
 from geodbk.models.config import ModelConfig
+from geodbk.models.conjugate import ConjugateFit, fit_conjugate_posterior
 from geodbk.models.expansions import ard_rbf
 from geodbk.models.precision import Precision, check_precision
 from geodbk.models.zoo import get_model_spec
@@ -189,6 +191,32 @@ class Regressor:
             for start in range(0, len(X), batch_size)
         ]
         return (np.concatenate(blocks) if blocks else np.empty(0)) * self.y_std**2
+
+    def refit_posterior(
+        self, X: np.ndarray, y: np.ndarray, tests: np.ndarray | None = None, tiles: np.ndarray | None = None
+    ) -> ConjugateFit:
+        """Replace q(w), the noise and the constant mean by the conjugate posterior given the learned
+        basis (:func:`geodbk.models.conjugate.fit_conjugate_posterior`), so that the joint
+        covariance of f is a posterior. ``X`` (n, d) training inputs, ``y`` (n,) targets in data
+        units, ``tests`` (n,) their test counts, ``tiles`` (n,) labels of the rows' tiles (rows
+        of one tile share an offset); the fit's variances are in standardised units.
+
+        Raises:
+            InputDataError: for a kind that is not a basis GP without a Nystrom residual.
+        """
+        if not isinstance(self.model, BasisGP) or self.model.include_residual:
+            raise InputDataError(f"{self.kind} has no conjugate weight posterior (it is not a plain basis GP)")
+        X = as_inputs(X, self.input_dim)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        counts = None if tests is None else self._tensor(as_test_counts(tests, len(X)))
+        standardised = self._tensor((y - self.y_mean) / self.y_std)
+        tile_index = None
+        if tiles is not None:
+            labels = np.unique(np.asarray(tiles).reshape(-1), return_inverse=True)[1]
+            if len(labels) != len(X):
+                raise InputDataError(f"tiles has {len(labels)} values but X has {len(X)} rows")
+            tile_index = torch.as_tensor(labels, dtype=torch.int64)
+        return fit_conjugate_posterior(self.model, self._tensor(X), standardised, counts, tile_index)
 
     @property
     def tile_noise_variance(self) -> float:

@@ -158,10 +158,14 @@ class Noise(nn.Module):
             return self.raw.new_zeros(())
         return nn.functional.softplus(self.raw_per_test)
 
-    def set_(self, value: float) -> None:
-        """Set sigma0^2 (clamped just above the floor)."""
+    def set_(self, value: float, per_test: float | None = None) -> None:
+        """Set sigma0^2 (clamped just above the floor) and, with the test-count term, sigma1^2."""
         with torch.no_grad():
             self.raw.fill_(_inverse_softplus(max(value - self.floor, 1e-12)))
+            if per_test is not None:
+                if not self.per_test:
+                    raise ValueError("this noise has no test-count term to set")
+                self.raw_per_test.fill_(_inverse_softplus(max(per_test, 1e-12)))
 
 
 class BasisGP(nn.Module):
@@ -182,6 +186,7 @@ class BasisGP(nn.Module):
 
     basis: BasisMap
     _tril_index: torch.Tensor
+    weight_prior_variance: torch.Tensor
 
     def __init__(
         self,
@@ -207,6 +212,9 @@ class BasisGP(nn.Module):
         self.variational_log_diag = nn.Parameter(torch.full((r,), -0.5 * math.log(r)))
         self.variational_offdiag = nn.Parameter(torch.randn(r * (r - 1) // 2) / r)
         self.register_buffer("_tril_index", torch.tril_indices(r, r, -1), persistent=False)
+        #: a^2, the prior w ~ N(0, a^2 I_r): 1 while training; set by the conjugate refit
+        #: (:mod:`geodbk.models.conjugate`), after which the kernel is a^2 phi . phi'.
+        self.register_buffer("weight_prior_variance", torch.ones(()))
         self._folded: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
         #: precision of the backbone's products in folded prediction (not saved with the model)
         self.backbone_precision: Precision = "float32"
@@ -294,9 +302,16 @@ class BasisGP(nn.Module):
         return factors
 
     def kl_divergence(self) -> torch.Tensor:
-        """KL(N(m, L L^T) || N(0, I_r)) = 0.5 (||m||^2 + ||L||_F^2 - log|L L^T| - r)."""
-        m, L = self.variational_mean, self.chol_factor
-        return 0.5 * (m.pow(2).sum() + L.pow(2).sum() - 2.0 * self.variational_log_diag.sum() - self.rank)
+        """KL(N(m, L L^T) || N(0, a^2 I_r)) = 0.5 ((||m||^2 + ||L||_F^2) / a^2 - log|L L^T| + r log a^2 - r)
+        (a^2 = 1 while training)."""
+        m, L, a2 = self.variational_mean, self.chol_factor, self.weight_prior_variance
+        log_det = 2.0 * self.variational_log_diag.sum()
+        return 0.5 * ((m.pow(2).sum() + L.pow(2).sum()) / a2 - log_det + self.rank * torch.log(a2) - self.rank)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """Model files written before the conjugate refit have no a^2: it is 1 there."""
+        state_dict.setdefault(prefix + "weight_prior_variance", torch.ones(()))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @torch.no_grad()
     def set_posterior(self, mean: torch.Tensor, cov_factor: torch.Tensor) -> None:
@@ -309,19 +324,20 @@ class BasisGP(nn.Module):
     def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
         """Prior kernel k(x, x_ref), (n, k).
 
-        ``phi(x).phi(x_ref)`` for a deep basis; for models with the Nystrom residual this
-        is the full base kernel k(g(x), g(x_ref)) that the SVGP approximates.
+        ``a^2 phi(x).phi(x_ref)`` for a deep basis (a^2 = :attr:`weight_prior_variance`); for
+        models with the Nystrom residual this is the full base kernel k(g(x), g(x_ref)) that
+        the SVGP approximates.
         """
         if self.include_residual:
             expansion, backbone = self.basis.expansion, self.basis.backbone
             return expansion.base_kernel(backbone(x), backbone(x_ref))
-        return self.basis(x) @ self.basis(x_ref).T
+        return self.weight_prior_variance * self.basis(x) @ self.basis(x_ref).T
 
     def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
         """k(x, x) for each row of ``x``, (n,): the diagonal of :meth:`kernel` in O(n r)."""
         if self.include_residual:
             return self.basis.expansion.prior_variance(self.basis.backbone(x))
-        return self.basis(x).pow(2).sum(-1)
+        return self.weight_prior_variance * self.basis(x).pow(2).sum(-1)
 
     def backbone_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters that take weight decay (the backbone network only)."""

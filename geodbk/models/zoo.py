@@ -59,6 +59,9 @@ class ModelSpec:
             (VaLLA fits and freezes its mean network here) does not import the trainer.
         fit: optional ``(X, y, X_val, y_val, model_config, train_config) -> nn.Module`` on
             the standardised tensors: a closed-form fit that replaces the gradient loop.
+        conjugate_posterior: map fits replace the trained q(w) by the conjugate posterior given
+            the learned basis (:mod:`geodbk.models.conjugate`): for objectives whose q(w) is
+            not a posterior (dPPGP), so that area and change variances are.
     """
 
     build: Callable[[int, ModelConfig], nn.Module]
@@ -67,6 +70,7 @@ class ModelSpec:
     full_batch: bool = False
     prepare: Callable[..., None] | None = None
     fit: Callable[..., nn.Module] | None = None
+    conjugate_posterior: bool = False
 
     def __post_init__(self) -> None:
         if (self.objective is None) == (self.fit is None):
@@ -165,10 +169,10 @@ def _network(input_dim: int, cfg: ModelConfig) -> PointNetwork:
 
 register_model("dbk-rbf", ModelSpec(
     _gp(deep_rbf_basis), lambda tc: DPPGP(tc.alpha, tc.beta),
-    "DBK with a whitened RBF inducing expansion, trained with dPPGP"))
+    "DBK with a whitened RBF inducing expansion, trained with dPPGP", conjugate_posterior=True))
 register_model("dbk-silu", ModelSpec(
     _gp(deep_silu_basis), lambda tc: DPPGP(tc.alpha, tc.beta),
-    "DBK with a SiLU expansion, trained with dPPGP"))
+    "DBK with a SiLU expansion, trained with dPPGP", conjugate_posterior=True))
 register_model("exact-dbk", ModelSpec(
     _gp(deep_silu_basis), lambda tc: ExactMarginalLikelihood(),
     "DBK-SiLU trained by exact marginal likelihood (Woodbury), exact posterior", full_batch=True))
