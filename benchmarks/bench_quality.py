@@ -1,11 +1,18 @@
 """Map quality by region, split protocol and model: the table every modelling change is judged by.
 
 For each region (the shipped PR and HI download samples) and each split protocol
-(``random``, ``spatial-block``, ``forecast``), fit the space-time models and the
-``knn`` baseline, plus the paper's protocol (region box, no time, one noise) on the
-random split as the replication rows, and print NLL, MAE, CRPS, 95% coverage and PI
-width for the urban and rural classes. Then print the acceptance checks of the issue
-"Maps that beat the simplest honest baseline" as PASS/FAIL lines.
+(``random``, ``spatial-block``, ``forecast``), fit the space-time models, the
+``knn`` baseline and the two practical peers of :mod:`peers` (GPBoost and LightGBM, each
+as ``<peer>:tests`` with log(tests) in the mean and ``<peer>:map`` with only map-time
+covariates), plus the paper's protocol (region box, no time, one noise) on the random
+split as the replication rows, and print NLL, MAE, CRPS, 95% coverage and PI width overall
+and for the urban and rural classes, with each row's fit time in seconds. Then print the
+acceptance checks of the issues "Maps that beat the simplest honest baseline" and "Beat the
+practical peers" as PASS/FAIL lines.
+
+The peers need the ``bench`` extra (``pip install -e .[bench]``: gpboost, lightgbm); a peer
+whose package cannot be imported is left out with a one-line note. ``--models gpboost:map``
+picks one variant of a peer.
 
 Choices are made on validation data (``--eval val``); reports use the test split
 (``--eval test``, the default). ``--tune`` instead prints the validation NLL of dbk-rbf
@@ -16,6 +23,8 @@ Usage::
 
     .venv/bin/python benchmarks/bench_quality.py                      # PR and HI, test split
     .venv/bin/python benchmarks/bench_quality.py --regions PR --splits random --eval val
+    .venv/bin/python benchmarks/bench_quality.py --regions PR --splits spatial-block \
+        --models knn,gpboost,lightgbm --protocols space-time
     .venv/bin/python benchmarks/bench_quality.py --tune --regions PR,HI
 """
 
@@ -27,26 +36,57 @@ import time
 import warnings
 
 import pandas as pd
+from peers import PEERS, VARIANTS, fit_peer, missing_peers  # benchmarks/peers.py, beside this script
 
-from geodbk.dataset.spatial_dataset import load_sample_dataset
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import ENCODING_SCALES, MIN_WAVELENGTH_M, fit_dataset, map_model_config
+from geodbk.fit.geomodel import fit_dataset
+from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, map_model_config
 from geodbk.models.config import TrainConfig
 from geodbk.workflow import DemoConfig, evaluate_on_test
 
 SPACE_TIME_MODELS = ("dbk-rbf", "sv-dkl", "knn")
+#: Default --models: the space-time models and the peers (each peer gives one row per variant).
+DEFAULT_MODELS = (*SPACE_TIME_MODELS, *PEERS)
+#: The peer rows without test counts in the mean, which the "beat the peers" checks use.
+MAP_PEERS = tuple(f"{peer}:map" for peer in PEERS)
 PAPER_MODELS = ("dbk-rbf", "sv-dkl", "sv-rbf")
 SPLITS = ("random", "spatial-block", "forecast")
 COLUMNS = ["NLL", "MAE", "CRPS", "coverage95", "pi_width"]
+GROUPS = ("overall", "urban", "rural")
 
 
-def fit_and_score(dataset, kind: str, protocol: str, train_config: TrainConfig, on: str, **fit_kw) -> pd.DataFrame:
-    """Urban/rural metrics of one fit on split ``on`` (forecast's test quarter is one quarter
-    ahead of training by design, so its extrapolation warning is silenced here)."""
-    model = fit_dataset(dataset, kind, protocol=protocol, train_config=train_config, **fit_kw)
+def expand_models(models: list[str]) -> list[str]:
+    """Row names of ``--models``: a peer name becomes one row per variant (``gpboost`` ->
+    ``gpboost:tests, gpboost:map``); ``peer:variant`` and model kinds stay as they are."""
+    out = []
+    for name in models:
+        out += [f"{name}:{variant}" for variant in VARIANTS] if name in PEERS else [name]
+    return out
+
+
+def fit_and_score(
+    dataset: SpatialDataset, kind: str, protocol: str, train_config: TrainConfig, on: str, **fit_kw
+) -> tuple[pd.DataFrame, float]:
+    """Metrics (overall, urban, rural) of one fit on split ``on`` and the fit's seconds.
+
+    ``kind`` is a model kind of the zoo or a peer row ``"<peer>:<variant>"`` (space-time
+    protocol only). Forecast's test quarter is one quarter ahead of training by design, so
+    its extrapolation warning is silenced here.
+    """
+    start = time.perf_counter()
+    if ":" in kind:
+        peer, variant = kind.split(":", 1)
+        if protocol != "space-time":
+            raise ValueError(f"the peer {kind} has no {protocol!r} protocol")
+        model = fit_peer(dataset, peer, variant, seed=train_config.seed)
+    else:
+        model = fit_dataset(dataset, kind, protocol=protocol, train_config=train_config, **fit_kw)
+    seconds = time.perf_counter() - start
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
-        return evaluate_on_test(model, dataset, on)
+        # a peer has the predict_tiles of a GeoModel, all that evaluate_on_test calls
+        return evaluate_on_test(model, dataset, on), seconds
 
 
 def quality_table(
@@ -54,41 +94,44 @@ def quality_table(
 ) -> pd.DataFrame:
     rows = []
     base = load_sample_dataset(region, "download")
-    runs = [("space-time", split, kind) for split in splits for kind in models if "space-time" in protocols]
+    space_time = expand_models(models) if "space-time" in protocols else []
+    runs = [("space-time", split, kind) for split in splits for kind in space_time]
     runs += [("paper", "random", kind) for kind in PAPER_MODELS if "random" in splits and "paper" in protocols]
     for protocol, split, kind in runs:
         dataset = base.with_split(split)
-        start = time.perf_counter()
-        metrics = fit_and_score(dataset, kind, protocol, train_config, on)
-        seconds = time.perf_counter() - start
-        for group in ("urban", "rural", "overall"):
+        metrics, seconds = fit_and_score(dataset, kind, protocol, train_config, on)
+        for group in GROUPS:
             row = metrics.loc[group]
             rows.append({"protocol": protocol, "split": split, "model": kind, "group": group,
                          **{c: float(row[c]) for c in COLUMNS}, "n": int(row["n"]), "seconds": seconds})
         overall = metrics.loc["overall"]
-        print(f"  {region} {protocol:10s} {split:13s} {kind:8s} NLL {overall.NLL:.4f} MAE {overall.MAE:.4f} "
+        print(f"  {region} {protocol:10s} {split:13s} {kind:14s} NLL {overall.NLL:.4f} MAE {overall.MAE:.4f} "
               f"cover {100 * overall.coverage95:.1f}%  ({seconds:.0f} s)", file=sys.stderr, flush=True)
     return pd.DataFrame(rows)
 
 
 def wide(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (protocol, split, model); columns metric x group (urban, rural)."""
-    shown = table[table["group"].isin(["urban", "rural"])]
-    out = shown.pivot_table(index=["protocol", "split", "model"], columns="group", values=COLUMNS, sort=False)
-    out = out.reindex(columns=pd.MultiIndex.from_product([COLUMNS, ["urban", "rural"]]))
-    for group in ("urban", "rural"):
+    """One row per (protocol, split, model); columns metric x group (overall, urban, rural),
+    then the fit's seconds."""
+    index = ["protocol", "split", "model"]
+    out = table.pivot_table(index=index, columns="group", values=COLUMNS, sort=False)
+    out = out.reindex(columns=pd.MultiIndex.from_product([COLUMNS, list(GROUPS)]))
+    for group in GROUPS:
         out[("coverage95", group)] = 100 * out[("coverage95", group)]
+    out[("seconds", "")] = table.groupby(index, sort=False)["seconds"].first().reindex(out.index)
     return out.round(3)
 
 
 def checks(table: pd.DataFrame) -> list[tuple[bool, str]]:
     """The issue's acceptance checks on one region's long table."""
     def get(protocol: str, split: str, model: str, group: str, column: str) -> float | None:
-        hit = table[(table.protocol == protocol) & (table.split == split) & (table.model == model) & (table.group == group)]
+        hit = table[
+            (table.protocol == protocol) & (table.split == split) & (table.model == model) & (table.group == group)
+        ]
         return None if hit.empty else float(hit[column].iloc[0])
 
     out = []
-    dbk, knn = get("space-time", "random", "dbk-rbf", "overall", "NLL"), get("space-time", "random", "knn", "overall", "NLL")
+    dbk, knn = (get("space-time", "random", m, "overall", "NLL") for m in ("dbk-rbf", "knn"))
     if dbk is not None and knn is not None:
         out.append((dbk <= knn - 0.08, f"random: dbk-rbf NLL {dbk:.4f} <= knn NLL {knn:.4f} - 0.08"))
         dm, km = (get("space-time", "random", m, "overall", "MAE") for m in ("dbk-rbf", "knn"))
@@ -96,11 +139,25 @@ def checks(table: pd.DataFrame) -> list[tuple[bool, str]]:
     dbk, knn = (get("space-time", "spatial-block", m, "overall", "NLL") for m in ("dbk-rbf", "knn"))
     if dbk is not None and knn is not None:
         out.append((dbk <= knn, f"spatial-block: dbk-rbf NLL {dbk:.4f} <= knn NLL {knn:.4f}"))
+    for split in ("random", "spatial-block"):
+        dbk = get("space-time", split, "dbk-rbf", "overall", "NLL")
+        peer_nll = {m: get("space-time", split, m, "overall", "NLL") for m in MAP_PEERS}
+        known = {m: v for m, v in peer_nll.items() if v is not None}
+        if dbk is not None and known:
+            best = min(known, key=lambda m: known[m])
+            out.append((dbk <= known[best] - 0.02,
+                        f"{split}: dbk-rbf NLL {dbk:.4f} <= best map peer {best} NLL {known[best]:.4f} - 0.02"))
+    dbk = get("space-time", "spatial-block", "dbk-rbf", "overall", "MAE")
+    for peer in MAP_PEERS:
+        mae = get("space-time", "spatial-block", peer, "overall", "MAE")
+        if dbk is not None and mae is not None:
+            out.append((dbk <= mae, f"spatial-block: dbk-rbf MAE {dbk:.4f} <= {peer} MAE {mae:.4f}"))
     for split in table.split.unique():
         for group in ("urban", "rural"):
             cover = get("space-time", split, "dbk-rbf", group, "coverage95")
             if cover is not None:
-                out.append((0.935 <= cover <= 0.965, f"{split}: dbk-rbf {group} coverage {100 * cover:.1f}% in [93.5, 96.5]"))
+                text = f"{split}: dbk-rbf {group} coverage {100 * cover:.1f}% in [93.5, 96.5]"
+                out.append((0.935 <= cover <= 0.965, text))
     paper = [get("paper", "random", m, "overall", "NLL") for m in PAPER_MODELS]
     if None not in paper:
         out.append((paper[0] < paper[1] < paper[2],
@@ -118,8 +175,9 @@ def tune(regions: list[str], train_config: TrainConfig) -> None:
             dataset = base.with_split(split)
             for scales, metres in grid:
                 config = map_model_config("space-time", encoding_scales=scales)
-                nll = fit_and_score(dataset, "dbk-rbf", "space-time", train_config, "val",
-                                    model_config=config, min_wavelength_m=metres).loc["overall", "NLL"]
+                metrics, _ = fit_and_score(dataset, "dbk-rbf", "space-time", train_config, "val",
+                                           model_config=config, min_wavelength_m=metres)
+                nll = metrics.loc["overall", "NLL"]
                 print(f"  {region} {split:13s} scales {scales:2d}  {metres:6.0f} m  val NLL {nll:.4f}", flush=True)
 
 
@@ -127,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--regions", default="PR,HI")
     parser.add_argument("--splits", default=",".join(SPLITS))
-    parser.add_argument("--models", default=",".join(SPACE_TIME_MODELS))
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help="model kinds, peers (gpboost, lightgbm: both variants) or peer:variant rows")
     parser.add_argument("--protocols", default="space-time,paper", help="space-time, paper (random split only)")
     parser.add_argument("--eval", choices=("val", "test"), default="test")
     parser.add_argument("--epochs", type=int, help="default: the CPU schedule of geodbk fit / the demo")
@@ -141,12 +200,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.tune:
         tune(regions, schedule)
         return 0
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    missing = missing_peers(sorted({m.split(":", 1)[0] for m in models}))
+    if missing:
+        print("peers left out (pip install -e .[bench]): "
+              + "; ".join(f"{name} ({why})" for name, why in missing.items()))
+        models = [m for m in models if m.split(":", 1)[0] not in missing]
     failed = 0
     for region in regions:
         table = quality_table(
-            region, args.splits.split(","), args.models.split(","), schedule, args.eval, args.protocols.split(",")
+            region, args.splits.split(","), models, schedule, args.eval, args.protocols.split(",")
         )
-        print(f"\n## {region} download, {args.eval} split (y = log10 Mbps; coverage in %)\n")
+        print(f"\n## {region} download, {args.eval} split (y = log10 Mbps; coverage in %; fit seconds)\n")
         print(wide(table).to_string())
         print()
         for ok, text in checks(table):
