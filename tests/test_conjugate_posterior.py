@@ -35,26 +35,30 @@ def _draw(model, n, *, prior=2.0, tile=0.1, per_test=0.5, tile_effect=0.0, c=0.3
     return x, tests, tiles, y, w
 
 
-def _dense_covariance(phi, prior, tile, per_test, tile_effect, tests, tiles):
+def _dense_covariance(phi, prior, tile, per_test, tile_effect, shape, tests, tiles, shape_var):
+    """a^2 Phi Phi^T + diag(sigma0^2 + sigma1^2 / k + beta v) + tau^2 [same tile], written out."""
     same = (tiles[:, None] == tiles[None, :]).double()
-    return prior * phi @ phi.T + torch.diag(tile + per_test / tests) + tile_effect * same
+    return prior * phi @ phi.T + torch.diag(tile + per_test / tests + shape * shape_var) + tile_effect * same
 
 
-def _dense_log_marginal(phi, y, prior, tile, per_test, tile_effect, tests, tiles, c):
-    cov = _dense_covariance(phi, prior, tile, per_test, tile_effect, tests, tiles)
+def _dense_log_marginal(phi, y, prior, tile, per_test, tile_effect, shape, tests, tiles, shape_var, c):
+    cov = _dense_covariance(phi, prior, tile, per_test, tile_effect, shape, tests, tiles, shape_var)
     return torch.distributions.MultivariateNormal(torch.full_like(y, c), cov).log_prob(y)
 
 
 def test_posterior_equals_the_dense_conjugate_formula():
     model, _ = _model()
     x, tests, tiles, y, _ = _draw(model, 150, tile_effect=0.2)
+    with torch.no_grad():
+        shape_var = (model.basis(x) @ model.chol_factor).pow(2).sum(-1)  # the trained q(w)'s variance
     fit = fit_conjugate_posterior(model, x, y, tests, tiles)
     assert fit.tile_effect > 0
     x_star = torch.rand(40, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * 2 - 1
     with torch.no_grad():
         phi, phi_star = model.basis(x), model.basis(x_star)
         a2, c = float(model.weight_prior_variance), float(model.constant_mean)
-        k = _dense_covariance(phi, a2, fit.tile_noise, fit.per_test_noise, fit.tile_effect, tests, tiles)
+        k = _dense_covariance(phi, a2, fit.tile_noise, fit.per_test_noise, fit.tile_effect, fit.variance_shape,
+                              tests, tiles, shape_var)
         cross = a2 * phi_star @ phi.T
         dense_mean = c + cross @ torch.linalg.solve(k, y - c)
         dense_cov = a2 * phi_star @ phi_star.T - cross @ torch.linalg.solve(k, cross.T)
@@ -76,14 +80,15 @@ def test_hyperparameters_maximise_the_dense_marginal_likelihood():
     leaves a^2 at its bound, where moving it down would not lower the likelihood)."""
     model, _ = _model()
     x, tests, tiles, y, _ = _draw(model, 150, tile_effect=0.2, seed=3)
-    fit = fit_conjugate_posterior(model, x, y, tests, tiles)
-    assert 0.5 < fit.weight_prior_variance < 5.0
     with torch.no_grad():
         phi = model.basis(x)
+        shape_var = (phi @ model.chol_factor).pow(2).sum(-1)
+    fit = fit_conjugate_posterior(model, x, y, tests, tiles, variance_shape=False)
+    assert 0.5 < fit.weight_prior_variance < 5.0 and fit.variance_shape == 0.0
     theta = [fit.weight_prior_variance, fit.tile_noise, fit.per_test_noise, fit.tile_effect, fit.constant_mean]
 
     def dense(values):
-        return float(_dense_log_marginal(phi, y, *values[:4], tests, tiles, values[4]))
+        return float(_dense_log_marginal(phi, y, *values[:4], 0.0, tests, tiles, shape_var, values[4]))
 
     best = dense(theta)
     assert best / len(y) == pytest.approx(fit.log_marginal_per_row, abs=1e-6)
@@ -101,6 +106,7 @@ def test_recovers_the_generating_hyperparameters():
     assert fit.tile_noise == pytest.approx(0.1, rel=0.2)
     assert fit.per_test_noise == pytest.approx(0.5, rel=0.15)
     assert fit.tile_effect == pytest.approx(0.2, rel=0.15)
+    assert fit.variance_shape < 0.05  # the data have no input-dependent noise
     # a^2 is seen through only r = 6 weights: its estimate scatters like chi^2_6 / 6 (5%: 0.27)
     assert 0.25 < fit.weight_prior_variance / 2.0 < 2.5
 
@@ -135,12 +141,14 @@ def test_area_z_scores_are_calibrated_on_data_drawn_from_the_model():
 def test_model_files_without_a_prior_variance_load_with_one():
     model, _ = _model()
     state = model.state_dict()
-    del state["weight_prior_variance"]
+    for name in ("weight_prior_variance", "noise_factor", "noise_factor_scale"):
+        del state[name]
     fresh, _ = _model(seed=1)
     with torch.no_grad():
         fresh.weight_prior_variance.fill_(3.0)
     fresh.load_state_dict(state)
     assert float(fresh.weight_prior_variance) == 1.0
+    assert not fresh.has_noise_factor and float(fresh.noise_factor.abs().sum()) == 0.0
 
 
 def test_models_with_a_nystrom_residual_are_refused():
@@ -149,3 +157,27 @@ def test_models_with_a_nystrom_residual_are_refused():
     x = torch.rand(20, 3, dtype=torch.float64)
     with pytest.raises(TypeError, match="Nystrom"):
         fit_conjugate_posterior(model, x, torch.randn(20, dtype=torch.float64))
+
+
+def test_input_dependent_noise_is_recovered_and_folded_prediction_agrees():
+    """Data whose noise is beta ||B^T phi||^2 with B the model's trained factor: beta comes back,
+    and the folded prediction path gives the same distribution as the unfolded one."""
+    model, _ = _model(rank=6)
+    x, tests, tiles, _, _ = _draw(model, 6000, per_tile=1)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        phi = model.basis(x)
+        shape_var = (phi @ model.chol_factor).pow(2).sum(-1)
+        w = math.sqrt(2.0) * torch.randn(phi.shape[1], generator=g, dtype=torch.float64)
+        noise = 0.1 + 0.5 / tests + 0.8 * shape_var / shape_var.mean()
+        y = 0.3 + phi @ w + noise.sqrt() * torch.randn(len(x), generator=g, dtype=torch.float64)
+    fit = fit_conjugate_posterior(model, x, y, tests, max_rows=6000)
+    assert fit.variance_shape * float(shape_var.mean()) == pytest.approx(0.8, rel=0.2)
+    model.eval()
+    with torch.no_grad():
+        folded = model(x[:50], tests[:50])
+        model.train()
+        plain = model(x[:50], tests[:50])
+    torch.testing.assert_close(folded.noise, plain.noise)
+    torch.testing.assert_close(folded.tile_noise, plain.tile_noise)
+    torch.testing.assert_close(folded.tile_noise - model.noise(), fit.variance_shape * shape_var[:50])

@@ -102,7 +102,7 @@ def test_area_sd_matches_monte_carlo_with_independent_tile_noise(gp_only, datase
     weights = np.linspace(1.0, 2.0, 60)
     area = gp_only.predict_areas(lonlat, groups, 3, "2023Q4", weights=weights)
     f = sample_f(gp_only, gp_only.features(lonlat, "2023Q4"), 40_000, seed=1)
-    tile_sd = np.sqrt(gp_only.regressor.tile_noise_variance)
+    tile_sd = np.sqrt(gp_only.regressor.tile_noise_variance(gp_only.features(lonlat, "2023Q4")))
     f = f + np.random.default_rng(2).normal(size=f.shape) * tile_sd  # each cell's own tile noise
     averages = np.stack([(f[:, groups == g] * weights[groups == g]).sum(1) / weights[groups == g].sum()
                          for g in range(3)], axis=1)

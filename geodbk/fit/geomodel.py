@@ -185,17 +185,17 @@ class GeoModel:
         X_from, X_to = self.features(lonlat, time_from), self.features(lonlat, time_to)
         before, after = self.predict_series(lonlat, [time_from, time_to])
         var = self.regressor.difference_variance(X_from, X_to)
-        nugget = self.regressor.tile_noise_variance  # in the tile-mean sd, not in the latent f
+        nugget_from, nugget_to = (self.regressor.tile_noise_variance(X) for X in (X_from, X_to))  # not in f
         factor_from = factor_to = np.ones(len(lonlat))
         if self.residuals is not None:
             years_from = self._years(time_from, len(lonlat))
             years_to = self._years(time_to, len(lonlat))
             kernel = self.residuals.kernel
             var = kernel.combine(var, self.residuals.change_variance(lonlat, years_from, years_to))
-            nugget *= kernel.variance_scale
+            nugget_from, nugget_to = kernel.variance_scale * nugget_from, kernel.variance_scale * nugget_to
             factor_from, factor_to = self.residuals.horizon_factor(years_from), self.residuals.horizon_factor(years_to)
-        v_from = np.maximum(before.sd**2 / factor_from - nugget, 0.0)
-        v_to = np.maximum(after.sd**2 / factor_to - nugget, 0.0)
+        v_from = np.maximum(before.sd**2 / factor_from - nugget_from, 0.0)
+        v_to = np.maximum(after.sd**2 / factor_to - nugget_to, 0.0)
         covariance = 0.5 * (v_from + v_to - var)
         var = factor_to * v_to + factor_from * v_from - 2.0 * np.sqrt(factor_from * factor_to) * covariance
         change = after.mean - before.mean
@@ -242,7 +242,7 @@ class GeoModel:
         gp = self.regressor.predict(X)
         mean = gp.mean
         var = self.regressor.weighted_sum_variance(X, w, groups, n_groups)
-        var += self.regressor.tile_noise_variance * np.bincount(groups, weights=w**2, minlength=n_groups)
+        var += np.bincount(groups, weights=w**2 * self.regressor.tile_noise_variance(X), minlength=n_groups)
         if self.residuals is not None:
             years = self._years(time, len(lonlat))
             shift, local_var = self.residuals.condition(lonlat, years)

@@ -218,11 +218,19 @@ class Regressor:
             tile_index = torch.as_tensor(labels, dtype=torch.int64)
         return fit_conjugate_posterior(self.model, self._tensor(X), standardised, counts, tile_index)
 
-    @property
-    def tile_noise_variance(self) -> float:
-        """sigma0^2 in target units^2: the noise left in a tile mean of many tests."""
-        with torch.no_grad():
-            return float(self._gp.noise()) * self.y_std**2
+    @torch.no_grad()
+    def tile_noise_variance(self, X: np.ndarray, batch_size: int = 65536) -> np.ndarray:
+        """The noise left in a tile mean of many tests, (n,) in target units^2 for X (n, d):
+        sigma0^2, plus the input-dependent part of a conjugate refit's noise where there is one."""
+        X = as_inputs(X, self.input_dim)
+        self.model.eval()
+        out = np.empty(len(X))
+        for start in range(0, len(X), batch_size):
+            rows = slice(start, start + batch_size)
+            fitted = self.model(self._tensor(X[rows]))
+            noise = fitted.noise if fitted.tile_noise is None else fitted.tile_noise
+            out[rows] = noise.double().expand(len(fitted.mean)).cpu().numpy()
+        return out * self.y_std**2
 
     # --- joint posterior of linear functionals of f ----------------------------------------
     def _factors(self, X: np.ndarray) -> Any:

@@ -9,8 +9,10 @@ Predictive distribution (O(r^2) per point after phi):
 ``mean = <m, phi(x)> + c``, ``var_f = ||L^T phi(x)||^2 (+ c(x))``,
 ``predictive var = var_f + sigma^2(k)``, where an observation that averages k speed tests
 has noise ``sigma^2(k) = sigma0^2 + sigma1^2 / k`` (:class:`Noise`; sigma1 = 0 unless the
-test-count term is on). The tile-mean distribution, the limit k -> infinity, is
-``var_f + sigma0^2``: the map layers use it, coverage on test tiles uses their own k.
+test-count term is on), plus ``beta ||B^T phi(x)||^2`` after a conjugate refit that keeps the
+trained variance's shape as noise (:mod:`geodbk.models.conjugate`). The tile-mean
+distribution, the limit k -> infinity, is ``var_f + sigma0^2 (+ beta ||B^T phi||^2)``: the map
+layers use it, coverage on test tiles uses their own k.
 
 Folded prediction. In eval mode without autograd, an expansion with ``features`` and
 ``fold`` (``phi = features(g) @ T``, see :mod:`geodbk.models.expansions`) is evaluated
@@ -23,6 +25,7 @@ replaced) and after every ``train()``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -187,6 +190,8 @@ class BasisGP(nn.Module):
     basis: BasisMap
     _tril_index: torch.Tensor
     weight_prior_variance: torch.Tensor
+    noise_factor: torch.Tensor
+    noise_factor_scale: torch.Tensor
 
     def __init__(
         self,
@@ -215,7 +220,13 @@ class BasisGP(nn.Module):
         #: a^2, the prior w ~ N(0, a^2 I_r): 1 while training; set by the conjugate refit
         #: (:mod:`geodbk.models.conjugate`), after which the kernel is a^2 phi . phi'.
         self.register_buffer("weight_prior_variance", torch.ones(()))
-        self._folded: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
+        #: B (r, r) and beta: input-dependent tile noise beta ||B^T phi(x)||^2 beside sigma0^2 (zero
+        #: unless the conjugate refit keeps the trained q(w)'s variance shape as noise).
+        self.register_buffer("noise_factor", torch.zeros(r, r))
+        self.register_buffer("noise_factor_scale", torch.zeros(()))
+        #: whether beta > 0 (kept on the host, so training and prediction without it pay nothing)
+        self.has_noise_factor = False
+        self._folded: tuple[tuple[Any, ...], torch.Tensor] | None = None
         #: precision of the backbone's products in folded prediction (not saved with the model)
         self.backbone_precision: Precision = "float32"
 
@@ -251,33 +262,42 @@ class BasisGP(nn.Module):
             phi = None
             mean = projected[:, 0] + self.constant_mean
             var_f = projected[:, 1 : r + 1].pow(2).sum(-1)
-            sq_norm = projected[:, r + 1 :].pow(2).sum(-1) if self.include_residual else None
+            sq_norm = projected[:, r + 1 : 2 * r + 1].pow(2).sum(-1) if self.include_residual else None
+            noise_part = projected[:, -r:] if self.has_noise_factor else None
         else:
             phi = expansion(g)
             mean = phi @ self.variational_mean + self.constant_mean
             var_f = (phi @ self.chol_factor).pow(2).sum(-1)  # ||L^T phi||^2 per row
             sq_norm = phi.pow(2).sum(-1)
+            noise_part = phi @ self.noise_factor if self.has_noise_factor else None
+        excess = 0.0 if noise_part is None else self.noise_factor_scale * noise_part.pow(2).sum(-1)
         residual = None
         if self.include_residual:
             residual = (expansion.prior_variance(g) - sq_norm).clamp_min(0.0)
             var_f = var_f + residual
         return GPOutput(
-            mean=mean, var_f=var_f, noise=self.noise(tests), phi=phi, residual=residual, tile_noise=self.noise()
+            mean=mean, var_f=var_f, noise=self.noise(tests) + excess, phi=phi, residual=residual,
+            tile_noise=self.noise() + excess,
         )
 
     def folded_weights(self) -> torch.Tensor:
-        """``T [m | L (| I_r)]``, (r, 1 + r), with I_r (r more columns) for the Nystrom residual.
+        """``T [m | L (| I_r) (| B)]``, (r, 1 + r (+ r) (+ r)): I_r for the Nystrom residual, B when
+        the model has an input-dependent noise.
 
         T is the expansion's fixed map (``phi = features(g) @ T``), so ``features(g)`` times
-        these columns gives the mean (without c), ``L^T phi`` and ``phi`` itself. Cached:
-        rebuilt when a parameter's storage or version changes, and after ``train()``.
+        these columns gives the mean (without c), ``L^T phi``, ``phi`` itself and ``B^T phi``
+        (the input-dependent noise). Cached: rebuilt when a parameter's or buffer's storage or
+        version changes, and after ``train()``.
         """
-        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        tensors = itertools.chain(self.parameters(), self.buffers())
+        key = (self.has_noise_factor, *((p.data_ptr(), p._version) for p in tensors))
         if self._folded is None or self._folded[0] != key:
             with torch.no_grad():
                 columns = [self.variational_mean.unsqueeze(-1), self.chol_factor]
                 if self.include_residual:
                     columns.append(torch.eye(self.rank, dtype=columns[1].dtype, device=columns[1].device))
+                if self.has_noise_factor:
+                    columns.append(self.noise_factor.to(columns[1].dtype))
                 self._folded = (key, self.basis.expansion.fold(torch.cat(columns, dim=-1)))
         return self._folded[1]
 
@@ -309,9 +329,19 @@ class BasisGP(nn.Module):
         return 0.5 * ((m.pow(2).sum() + L.pow(2).sum()) / a2 - log_det + self.rank * torch.log(a2) - self.rank)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        """Model files written before the conjugate refit have no a^2: it is 1 there."""
+        """Model files written before the conjugate refit have no a^2 (1 there) and no noise factor (0)."""
         state_dict.setdefault(prefix + "weight_prior_variance", torch.ones(()))
+        state_dict.setdefault(prefix + "noise_factor", torch.zeros(self.rank, self.rank))
+        state_dict.setdefault(prefix + "noise_factor_scale", torch.zeros(()))
+        self.has_noise_factor = bool(state_dict[prefix + "noise_factor_scale"] > 0)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @torch.no_grad()
+    def set_noise_factor(self, factor: torch.Tensor, scale: float) -> None:
+        """Input-dependent tile noise ``scale * ||factor^T phi(x)||^2`` beside sigma0^2: factor (r, r)."""
+        self.noise_factor.copy_(factor)
+        self.noise_factor_scale.fill_(scale)
+        self.has_noise_factor = scale > 0
 
     @torch.no_grad()
     def set_posterior(self, mean: torch.Tensor, cov_factor: torch.Tensor) -> None:
