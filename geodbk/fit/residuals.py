@@ -35,7 +35,9 @@ from scipy.optimize import minimize, minimize_scalar
 from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import ProjectedTransform
+from geodbk.fit.metrics import gaussian_nll
 from geodbk.ingest.quadkey import OOKLA_ZOOM, lonlat_to_tile, tile_bounds
+from geodbk.prediction import Prediction
 
 #: Training rows each prediction is conditioned on.
 NEIGHBOURS = 16
@@ -295,7 +297,7 @@ class ResidualField:
         def nll(vector: np.ndarray) -> float:
             kernel = LocalKernel.from_vector(vector)
             mean, cond = field._solve(geometry, kernel)
-            total = kernel.variance_scale * var + cond
+            total = kernel.combine(var, cond)
             return float(np.mean(0.5 * np.log(2 * np.pi * total) + 0.5 * (residual - mean) ** 2 / total))
 
         bounds = [(np.log(low), np.log(high)) for low, high in _BOUNDS]
@@ -337,8 +339,7 @@ class ResidualField:
         total = self.kernel.combine(gp_var[last_rows], conditional)
 
         def nll(kappa: float) -> float:
-            widened = (1.0 + kappa) * total
-            return float(np.mean(0.5 * np.log(widened) + 0.5 * error**2 / widened))
+            return gaussian_nll(error, Prediction(np.zeros_like(error), np.sqrt((1.0 + kappa) * total)))
 
         kappa = minimize_scalar(nll, bounds=(0.0, 10.0), method="bounded").x
         return float(kappa) / float(times[-1] - times[-2])
