@@ -181,3 +181,23 @@ def test_input_dependent_noise_is_recovered_and_folded_prediction_agrees():
     torch.testing.assert_close(folded.noise, plain.noise)
     torch.testing.assert_close(folded.tile_noise, plain.tile_noise)
     torch.testing.assert_close(folded.tile_noise - model.noise(), fit.variance_shape * shape_var[:50])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_fit_on_cuda_equals_the_fit_on_the_cpu():
+    """Optimiser state lives on the host, the data on the device: the same fit either way."""
+    cpu, _ = _model(rank=16)
+    gpu, _ = _model(rank=16)
+    gpu.cuda()
+    x, tests, tiles, y, _ = _draw(cpu, 600, tile_effect=0.2)
+    on_cpu = fit_conjugate_posterior(cpu, x, y, tests, tiles)
+    on_gpu = fit_conjugate_posterior(gpu, x.cuda(), y.cuda(), tests.cuda(), tiles.cuda())
+    assert on_gpu.log_marginal_per_row == pytest.approx(on_cpu.log_marginal_per_row, abs=1e-9)
+    for name in ("weight_prior_variance", "tile_noise", "per_test_noise", "tile_effect", "variance_shape"):
+        assert getattr(on_gpu, name) == pytest.approx(getattr(on_cpu, name), rel=1e-4), name
+    x_star = torch.rand(100, 3, dtype=torch.float64) * 2 - 1
+    cpu.eval(), gpu.eval()
+    with torch.no_grad():
+        a, b = cpu(x_star, tests[:100]), gpu(x_star.cuda(), tests[:100].cuda())
+    torch.testing.assert_close(b.mean.cpu(), a.mean, atol=1e-6, rtol=0)
+    torch.testing.assert_close(b.noise.cpu(), a.noise, atol=1e-6, rtol=1e-5)

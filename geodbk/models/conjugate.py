@@ -201,7 +201,8 @@ def fit_conjugate_posterior(
     if tiles is not None:
         _, tile_index = torch.unique(tiles, return_inverse=True)
         n_tiles = int(tile_index.max()) + 1 if len(tile_index) else 0
-    fit_rows = _estimation_rows(len(target), tile_index, max_rows, seed)
+    cpu_tiles = None if tile_index is None else tile_index.cpu()
+    fit_rows = _estimation_rows(len(target), cpu_tiles, max_rows, seed).to(phi.device)
     phi_fit, y_fit, shape_fit = phi[fit_rows], target[fit_rows], shape[fit_rows]
     counts_fit = None if counts is None else counts[fit_rows]
     tiles_fit, n_fit_tiles = None, 0
@@ -247,16 +248,16 @@ def fit_conjugate_posterior(
         return -terms.log_marginal() / len(y_fit) + 0.5 * _LOG_2PI
 
     def value_and_grad(vector: np.ndarray) -> tuple[float, np.ndarray]:
-        theta = torch.tensor(vector, dtype=torch.float64, requires_grad=True)
+        theta = torch.tensor(vector, dtype=torch.float64, device=phi.device, requires_grad=True)
         with torch.enable_grad():
             loss = negative_log_marginal(theta)
             loss.backward()
         assert theta.grad is not None
-        return float(loss.detach()), theta.grad.numpy()
+        return float(loss.detach()), theta.grad.cpu().numpy()
 
     best = minimize(value_and_grad, np.array(start), jac=True, method="L-BFGS-B", bounds=bounds,
                     options={"maxiter": _ITERATIONS, "ftol": 1e-13, "gtol": 1e-9})
-    theta = torch.as_tensor(best.x, dtype=torch.float64)
+    theta = torch.as_tensor(best.x, dtype=torch.float64, device=phi.device)
     with torch.no_grad():
         log_marginal = -float(negative_log_marginal(theta))
         values = unpack(theta)
