@@ -50,8 +50,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         cmd.append("--show")
     cmd += ["--args"] + [item for run in runs for item in ("--run", run)]
     if args.polygons:
-        if not Path(args.polygons).exists():
-            raise InputDataError(f"polygon file not found: {args.polygons}")
+        from geodbk.ingest.regions import read_polygons
+
+        read_polygons(args.polygons, what="polygon")  # refused here in one line, not on the page
         cmd += ["--polygons", str(Path(args.polygons).resolve())]
     env = {**os.environ, **({"GEODBK_OFFLINE": "1"} if args.offline else {})}
     missing = [run for run in runs if not (Path(run) / "dataset.parquet").exists()]

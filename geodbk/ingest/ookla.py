@@ -31,7 +31,6 @@ Ookla's schema grew over time, and every version is read:
 from __future__ import annotations
 
 import re
-import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -44,7 +43,9 @@ import shapely
 
 from geodbk.errors import InputDataError
 from geodbk.ingest.quadkey import quadkey_bounds, quadkey_centres, quadkey_polygons, quadkey_to_tile
+from geodbk.ingest.formats import check_head, format_of, read_head
 from geodbk.ingest.sources import is_url, local_path
+from geodbk.ingest.vectorfiles import checked_path, read_vector_layers
 
 #: Public https root of Ookla's open-data S3 bucket (``s3://ookla-open-data``).
 OOKLA_BUCKET_URL = "https://ookla-open-data.s3.amazonaws.com"
@@ -128,42 +129,14 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         raise InputDataError(f"cannot read Parquet file {path}: {err}") from err
 
 
-def _read_vector(uri: str, label: str) -> gpd.GeoDataFrame:
-    try:
-        return gpd.read_file(uri)
-    except Exception as err:  # pyogrio raises several error types for unreadable files
-        raise InputDataError(f"cannot read {label}: {err}") from err
-
-
-def _zip_members(path: Path) -> list[str]:
-    try:
-        with zipfile.ZipFile(path) as zf:
-            return zf.namelist()
-    except (zipfile.BadZipFile, OSError) as err:
-        raise InputDataError(f"cannot read zip file {path}: {err}") from err
-
-
 def _read_raw(path: Path) -> list[tuple[pd.DataFrame, str]]:
-    """Read one local file into raw frames, each with the name its quarter is parsed from."""
-    if not path.exists():
-        raise InputDataError(f"tile file not found: {path}")
-    suffix = "".join(path.suffixes[-1:]).lower()
-    if suffix in (".parquet", ".geoparquet", ".pq"):
+    """Read one local file into raw frames, each with the name its quarter is parsed from
+    (Parquet with pyarrow; the vector formats through :mod:`geodbk.ingest.vectorfiles`)."""
+    path = checked_path(path, "tile")
+    if format_of(path) == "Parquet":
+        check_head(read_head(path), "Parquet", f"tile file {path}")
         return [(_read_parquet(path), str(path))]
-    if suffix in (".geojson", ".json", ".shp", ".gpkg"):
-        return [(_read_vector(str(path), f"tile file {path}"), str(path))]
-    if suffix == ".zip":
-        members = _zip_members(path)
-        shapefiles = [m for m in members if m.lower().endswith(".shp")]
-        if shapefiles:
-            return [(_read_vector(f"zip://{path}!{m}", f"{path}!{m}"), f"{path}/{m}") for m in shapefiles]
-        geojsons = sorted(m for m in members if m.lower().endswith((".geojson", ".json")))
-        if not geojsons:
-            raise InputDataError(f"zip file {path} holds neither a shapefile nor GeoJSON files")
-        return [(_read_vector(f"zip://{path}!{m}", f"{path}!{m}"), f"{path}/{m}") for m in geojsons]
-    raise InputDataError(
-        f"unsupported tile file type {suffix!r} for {path}: use Parquet, GeoJSON, a shapefile or a zip"
-    )
+    return [(frame, name) for name, frame in read_vector_layers(path, "tile")]
 
 
 def _tile_geometry(raw: pd.DataFrame, quadkeys: np.ndarray, name: str) -> np.ndarray:

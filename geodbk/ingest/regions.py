@@ -1,9 +1,10 @@
 """Study regions: a named EPSG:4326 polygon, and clipping tiles to it.
 
 A region is given as a U.S. state (name, USPS abbreviation or 2-digit FIPS code, looked up
-in the shipped 2018 Census 1:20M state boundaries) or as any polygon file that GDAL reads
-(GeoJSON, shapefile or zipped shapefile, GeoPackage). A tile belongs to the region when its
-centre lies inside the region polygon grown by ``buffer_deg`` degrees.
+in the shipped 2018 Census 1:20M state boundaries) or as a polygon file (GeoJSON, shapefile or
+zipped shapefile, GeoPackage, GeoParquet; read by :mod:`geodbk.ingest.vectorfiles`). A tile
+belongs to the region when its centre lies inside the region polygon grown by ``buffer_deg``
+degrees.
 
 The 1:20M generalised coastline cuts off coastal tiles: with no buffer, 1.7% of Puerto
 Rico's and 5.9% of Hawaii's mobile tile-quarters have their centre outside it. The default
@@ -27,6 +28,7 @@ from shapely.geometry.base import BaseGeometry
 from geodbk import paths
 from geodbk.errors import InputDataError, RegionError
 from geodbk.ingest.sources import local_path
+from geodbk.ingest.vectorfiles import read_vector
 
 #: Default growth of the region polygon before clipping, degrees (see module docstring).
 DEFAULT_BUFFER_DEG = 0.01
@@ -62,7 +64,7 @@ class Region:
 @lru_cache(maxsize=1)
 def state_boundaries() -> gpd.GeoDataFrame:
     """The shipped Census 2018 1:20M state boundaries, reprojected to EPSG:4326."""
-    states = gpd.read_file(f"zip://{paths.STATE_BOUNDARIES}")
+    states = read_vector(paths.STATE_BOUNDARIES, "state boundary")
     return states.to_crs(4326)
 
 
@@ -74,7 +76,8 @@ def read_polygons(
     cache_dir: str | Path | None = None,
 ) -> gpd.GeoDataFrame:
     """Read a polygon file (GeoJSON, shapefile or zip, GeoPackage, GeoParquet) in EPSG:4326,
-    or in the file's own CRS with ``keep_crs``.
+    or in the file's own CRS with ``keep_crs``; through :func:`geodbk.ingest.vectorfiles.read_vector`,
+    which takes the format from the suffix and refuses a file whose content is another format.
 
     Args:
         source: path, or http(s) URL downloaded once into ``cache_dir``
@@ -82,18 +85,12 @@ def read_polygons(
         what: what the file is, for error messages.
 
     Raises:
-        InputDataError: the file is missing, unreadable, empty, has no CRS, or holds no
-            polygons.
+        InputDataError: the file is missing, of a format not read (a VRT), unreadable, empty,
+            has no CRS, or holds no polygons.
         DownloadError: a URL cannot be fetched.
     """
     path = local_path(source, cache_dir)
-    if not path.exists():
-        raise InputDataError(f"{what} file not found: {path}")
-    uri = f"zip://{path}" if path.suffix.lower() == ".zip" else str(path)
-    try:
-        frame = gpd.read_parquet(path) if path.suffix.lower() in (".parquet", ".geoparquet") else gpd.read_file(uri)
-    except Exception as err:  # pyogrio and pyarrow raise several error types for unreadable files
-        raise InputDataError(f"cannot read {what} file {path}: {err}") from err
+    frame = read_vector(path, what)
     if len(frame) == 0:
         raise InputDataError(f"{what} file {path} has no features")
     if frame.crs is None:
