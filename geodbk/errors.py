@@ -28,3 +28,12 @@ class ExtrapolationWarning(UserWarning):
 
 class TrainingError(GeodbkError, FloatingPointError):
     """Training diverged: the loss became NaN or infinite, or a Cholesky factor kept failing."""
+
+
+class ResourceLimitError(GeodbkError, ValueError):
+    """A request would take more memory, disk, time or download than geodbk's limit; the
+    message names the option that raises the limit."""
+
+
+class DroppedRowsWarning(UserWarning):
+    """Input rows failed a check and were dropped (and counted) instead of used."""
