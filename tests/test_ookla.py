@@ -59,11 +59,11 @@ def test_sample_parquet_is_normalised_and_drops_the_truncated_quarter(pr_tiles):
     assert list(pr_tiles.columns) == list(TILE_COLUMNS)
     assert pr_tiles.crs.to_epsg() == 4326
     assert len(pr_tiles) == 142_803 - 1_277
-    assert pr_tiles.attrs["dropped"] == {"incomplete_quarter": 1_277}
+    assert pr_tiles.attrs["dropped"] == {"incomplete_quarter": 1_277, "invalid_value": 0, "no_tests": 0}
     assert not ((pr_tiles["year"] == 2020) & (pr_tiles["quarter"] == 2)).any()
     assert set(pr_tiles["service"]) == {"mobile"}
     kept = read_tiles(paths.PUERTO_RICO_MOBILE, drop_incomplete=False)
-    assert len(kept) == 142_803 and kept.attrs["dropped"] == {"incomplete_quarter": 0}
+    assert len(kept) == 142_803 and kept.attrs["dropped"]["incomplete_quarter"] == 0
 
 
 def test_geojson_zip_with_null_geometries_matches_the_parquet_sample():

@@ -26,12 +26,32 @@ Ookla's schema grew over time, and every version is read:
   without them get the centre from the quadkey; files with them are checked: a point that
   lies outside its quadkey's tile is an error (a mislabelled column), and the output holds
   the exact quadkey centre either way (Ookla's values are rounded).
+
+Validation (the rule the README quotes). A file is refused, in one line, when it
+
+* names a quarter outside what Ookla publishes: before 2019Q1 (the first open-data
+  quarter, :data:`FIRST_QUARTER`) or after the current calendar quarter;
+* holds two rows for one (quadkey, year, quarter, service).
+
+A row is dropped and counted (``attrs["dropped"]``, one warning line for all of them) when
+
+* a speed (``avg_d_kbps``, ``avg_u_kbps``) is infinite, negative or above
+  :data:`MAX_SPEED_KBPS` = 10^8 kbit/s (100 Gbit/s, ten times the fastest consumer line),
+  or the latency ``avg_lat_ms`` is infinite, negative or above :data:`MAX_LATENCY_MS` =
+  60,000 ms (``"invalid_value"``);
+* ``tests`` is missing, not a whole number, <= 0 or above :data:`MAX_TESTS`
+  (``"no_tests"``): a tile average needs at least one test.
+
+A missing (null) speed or latency is not an error: the row is dropped later only if that
+column is the dataset's target (:func:`geodbk.dataset.spatial_dataset.build_dataset`).
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable, Sequence
+from datetime import date
 from pathlib import Path
 
 import geopandas as gpd
@@ -41,9 +61,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import shapely
 
-from geodbk.errors import InputDataError
-from geodbk.ingest.quadkey import quadkey_bounds, quadkey_centres, quadkey_polygons, quadkey_to_tile
+from geodbk.errors import DroppedRowsWarning, InputDataError
 from geodbk.ingest.formats import check_head, format_of, read_head
+from geodbk.ingest.quadkey import quadkey_bounds, quadkey_centres, quadkey_polygons, quadkey_to_tile
 from geodbk.ingest.sources import is_url, local_path
 from geodbk.ingest.vectorfiles import checked_path, read_vector_layers
 
@@ -59,6 +79,22 @@ CENTRE_COLUMNS = ("tile_x", "tile_y")
 #: Columns of every normalised tiles frame, in order; present loaded-latency columns go
 #: between ``tile_y`` and ``geometry``.
 TILE_COLUMNS = ("quadkey", "year", "quarter", "service", *VALUE_COLUMNS, *CENTRE_COLUMNS, "geometry")
+
+#: Ookla's first open-data quarter, (year, quarter).
+FIRST_QUARTER = (2019, 1)
+#: Largest tile-average speed accepted, kbit/s (100 Gbit/s).
+MAX_SPEED_KBPS = 1e8
+#: Largest tile-average latency accepted, ms (one minute).
+MAX_LATENCY_MS = 6e4
+#: Largest number of tests (or devices) of one tile-quarter accepted.
+MAX_TESTS = 2**31 - 1
+#: Columns checked against a ceiling: name -> largest value accepted.
+_CEILINGS = {"avg_d_kbps": MAX_SPEED_KBPS, "avg_u_kbps": MAX_SPEED_KBPS, "avg_lat_ms": MAX_LATENCY_MS}
+#: Reasons rows are dropped, as counted in ``attrs["dropped"]``, and how the warning names them.
+DROP_REASONS = {
+    "invalid_value": "an infinite, negative or out-of-range speed or latency",
+    "no_tests": "tests missing or <= 0",
+}
 
 _QUARTER_IN_NAME = re.compile(r"(?<!\d)(20\d\d)[_-]?[Qq]([1-4])(?!\d)")
 _OOKLA_DATE_IN_NAME = re.compile(r"(?<!\d)(20\d\d)-(01|04|07|10)-01_performance")
@@ -260,13 +296,14 @@ def normalise_tiles(
     unknown they are parsed from ``name``.
 
     Returns:
-        ``n`` rows with :data:`TILE_COLUMNS`, plus those of :data:`LOADED_LATENCY_COLUMNS`
-        that ``raw`` has (float64 ms, NaN where missing) before ``geometry``.
+        The rows of ``raw`` that pass :func:`invalid_rows`, with :data:`TILE_COLUMNS`, plus
+        those of :data:`LOADED_LATENCY_COLUMNS` that ``raw`` has (float64 ms, NaN where
+        missing) before ``geometry``; ``attrs["dropped"]`` counts the others by reason.
 
     Raises:
-        InputDataError: missing columns, missing or invalid quadkeys, unknown quarter or
-            service, geometries without a CRS, a tile centre outside its tile, or a bad
-            loaded latency.
+        InputDataError: missing columns, missing or invalid quadkeys, unknown or unpublished
+            quarter or service, geometries without a CRS, a tile centre outside its tile,
+            or a bad loaded latency.
     """
     missing = [c for c in ("quadkey", *VALUE_COLUMNS) if c not in raw.columns]
     if missing:
@@ -285,12 +322,12 @@ def normalise_tiles(
         raise InputDataError(f"{name}: unknown service(s) {bad}; expected {SERVICES}")
     if not set(pd.unique(quarters)) <= {1, 2, 3, 4}:
         raise InputDataError(f"{name}: quarter values must be 1-4")
-    values = {}
-    for col in VALUE_COLUMNS:
-        numeric = pd.to_numeric(raw[col], errors="coerce")
-        if col in ("tests", "devices"):
-            numeric = numeric.fillna(0).astype(np.int64)
-        values[col] = numeric.to_numpy(dtype=np.float64 if col.startswith("avg_") else np.int64)
+    check_published(years, quarters, name)
+    values = {col: pd.to_numeric(raw[col], errors="coerce").to_numpy(dtype=np.float64) for col in VALUE_COLUMNS}
+    invalid = invalid_rows(values)
+    keep = ~np.logical_or.reduce(list(invalid.values()))
+    for col in ("tests", "devices"):  # whole numbers in range where kept (invalid_rows checked them)
+        values[col] = np.where(keep, np.nan_to_num(values[col]), 0).astype(np.int64)
     centres = _tile_centres(raw, np.asarray(uniques, dtype=object), codes, name)
     loaded = {col: _loaded_latency(raw[col], col, name) for col in LOADED_LATENCY_COLUMNS if col in raw.columns}
     frame = pd.DataFrame(
@@ -307,7 +344,59 @@ def normalise_tiles(
     )
     if "quarter_incomplete" in raw.columns:
         frame["quarter_incomplete"] = raw["quarter_incomplete"].fillna(False).to_numpy(dtype=bool)
-    return gpd.GeoDataFrame(frame, geometry=_tile_geometry(raw, quadkeys, name), crs=4326)
+    tiles = gpd.GeoDataFrame(frame, geometry=_tile_geometry(raw, quadkeys, name), crs=4326)
+    tiles = tiles[keep].reset_index(drop=True)
+    tiles.attrs["dropped"] = {reason: int(mask.sum()) for reason, mask in invalid.items()}
+    return tiles
+
+
+def current_quarter(today: date | None = None) -> tuple[int, int]:
+    """``(year, quarter)`` of ``today`` (default: the system date), the last quarter a file may name."""
+    today = today or date.today()
+    return today.year, (today.month - 1) // 3 + 1
+
+
+def check_published(years: np.ndarray, quarters: np.ndarray, name: str, today: date | None = None) -> None:
+    """Refuse quarters Ookla cannot have published: before :data:`FIRST_QUARTER` or after the
+    current quarter (:func:`current_quarter` of ``today``).
+
+    Args:
+        years, quarters: ``(n,)`` integers of the rows (quarters already checked to be 1-4).
+        name: the file, for the message.
+
+    Raises:
+        InputDataError: a quarter outside that span.
+    """
+    first, last = FIRST_QUARTER, current_quarter(today)
+    key = np.asarray(years, dtype=np.int64) * 4 + np.asarray(quarters, dtype=np.int64) - 1
+    outside = (key < first[0] * 4 + first[1] - 1) | (key > last[0] * 4 + last[1] - 1)
+    if outside.any():
+        row = np.flatnonzero(outside)[0]
+        raise InputDataError(
+            f"{name}: {int(outside.sum())} row(s) name a quarter Ookla has not published, e.g. "
+            f"{int(np.asarray(years)[row])}Q{int(np.asarray(quarters)[row])}; open data spans "
+            f"{first[0]}Q{first[1]} to the current quarter {last[0]}Q{last[1]}"
+        )
+
+
+def invalid_rows(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rows to drop, by reason of :data:`DROP_REASONS` (see the module docstring's rule).
+
+    Args:
+        values: :data:`VALUE_COLUMNS` as float64 ``(n,)`` arrays, NaN where missing or not a number.
+
+    Returns:
+        ``{reason: (n,) bool}``; a row that fails both checks counts as ``"no_tests"``.
+    """
+    with np.errstate(invalid="ignore"):
+        tests = values["tests"]
+        no_tests = ~(np.isfinite(tests) & (tests >= 1) & (tests <= MAX_TESTS) & (tests == np.floor(tests)))
+        devices = values["devices"]
+        bad = ~np.isnan(devices) & ~(np.isfinite(devices) & (devices >= 0) & (devices <= MAX_TESTS))
+        for col, ceiling in _CEILINGS.items():
+            v = values[col]
+            bad |= ~np.isnan(v) & ~((v >= 0) & (v <= ceiling))
+    return {"invalid_value": bad & ~no_tests, "no_tests": no_tests}
 
 
 def read_tiles(
@@ -335,10 +424,12 @@ def read_tiles(
         Normalised tiles (columns :data:`TILE_COLUMNS`, EPSG:4326), one row per (tile,
         quarter), plus :data:`LOADED_LATENCY_COLUMNS` (float64 ms) when any source has
         them; rows from sources without them hold NaN there. ``attrs["dropped"]`` maps
-        ``"incomplete_quarter"`` to the number of rows dropped for that reason.
+        ``"incomplete_quarter"`` and the reasons of :data:`DROP_REASONS` to the number of
+        rows dropped for each; invalid rows also give one :class:`DroppedRowsWarning`.
 
     Raises:
-        InputDataError: unreadable or corrupt file, missing columns, unknown quarter.
+        InputDataError: unreadable or corrupt file, missing columns, unknown or unpublished
+            quarter, duplicate rows (see the module docstring).
         DownloadError: a URL cannot be fetched.
     """
     sources: Iterable = [source] if isinstance(source, (str, Path)) else source
@@ -349,13 +440,23 @@ def read_tiles(
             frames.append(normalise_tiles(raw, year=year, quarter=quarter, service=service, name=label))
     if not frames:
         raise InputDataError("no tile sources given")
+    counts = {reason: sum(f.attrs["dropped"][reason] for f in frames) for reason in DROP_REASONS}
     tiles = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    return _finish(tiles, drop_incomplete)
+    return _finish(tiles, drop_incomplete, counts)
 
 
-def _finish(tiles: pd.DataFrame, drop: bool) -> gpd.GeoDataFrame:
-    """Drop (if ``drop``) and count the ``quarter_incomplete`` rows, remove that flag, and
-    put the columns in :data:`TILE_COLUMNS` order with the loaded latency before ``geometry``."""
+def _finish(tiles: pd.DataFrame, drop: bool, counts: dict[str, int]) -> gpd.GeoDataFrame:
+    """Refuse duplicate (quadkey, year, quarter, service) rows, drop (if ``drop``) and count the
+    ``quarter_incomplete`` rows, remove that flag, put the columns in :data:`TILE_COLUMNS` order
+    with the loaded latency before ``geometry``, and warn once about the rows dropped as invalid
+    (``counts``, by reason of :data:`DROP_REASONS`)."""
+    duplicated = tiles.duplicated(["quadkey", "year", "quarter", "service"]).to_numpy()
+    if duplicated.any():
+        row = tiles.iloc[int(np.flatnonzero(duplicated)[0])]
+        raise InputDataError(
+            f"the tiles hold {int(duplicated.sum())} duplicate (quadkey, quarter, service) row(s), e.g. quadkey "
+            f"{row['quadkey']} in {row['year']}Q{row['quarter']} ({row['service']}); is a file given twice?"
+        )
     n_incomplete = 0
     if "quarter_incomplete" in tiles.columns:
         flag = tiles["quarter_incomplete"].to_numpy(dtype=bool)
@@ -365,7 +466,10 @@ def _finish(tiles: pd.DataFrame, drop: bool) -> gpd.GeoDataFrame:
         tiles = tiles.drop(columns="quarter_incomplete").reset_index(drop=True)
     loaded = [c for c in LOADED_LATENCY_COLUMNS if c in tiles.columns]
     tiles = gpd.GeoDataFrame(tiles[[*TILE_COLUMNS[:-1], *loaded, "geometry"]], geometry="geometry", crs=4326)
-    tiles.attrs["dropped"] = {"incomplete_quarter": n_incomplete}
+    if any(counts.values()):
+        reasons = ", ".join(f"{n:,} with {DROP_REASONS[r]}" for r, n in counts.items() if n)
+        warnings.warn(f"dropped {sum(counts.values()):,} tile row(s): {reasons}", DroppedRowsWarning, stacklevel=3)
+    tiles.attrs["dropped"] = {"incomplete_quarter": n_incomplete, **counts}
     return tiles
 
 
@@ -378,7 +482,8 @@ def as_tiles(
     stay counted.
     """
     before = dict(frame.attrs.get("dropped", {}))
-    tiles = _finish(normalise_tiles(frame, service=service, name=name), drop_incomplete)
+    normalised = normalise_tiles(frame, service=service, name=name)
+    tiles = _finish(normalised, drop_incomplete, normalised.attrs["dropped"])
     tiles.attrs["dropped"] = {
         k: before.get(k, 0) + tiles.attrs["dropped"].get(k, 0) for k in {*before, *tiles.attrs["dropped"]}
     }
