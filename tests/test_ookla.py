@@ -7,6 +7,7 @@ import http.server
 import shutil
 import socket
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -17,10 +18,10 @@ import pytest
 import shapely
 
 from geodbk import paths
-from geodbk.errors import DownloadError, InputDataError
+from geodbk.errors import DownloadError, InputDataError, ResourceLimitError
 from geodbk.ingest.ookla import TILE_COLUMNS, ookla_url, parse_quarter, parse_service, read_tiles
 from geodbk.ingest.quadkey import quadkey_bounds
-from geodbk.ingest.sources import cache_path, fetch
+from geodbk.ingest.sources import cache_path, download_limits, fetch
 
 OOKLA_RAW_COLUMNS = ["quadkey", "tile", "avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices"]
 
@@ -200,6 +201,23 @@ class _CountingHandler(http.server.SimpleHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 (http.server's naming)
         self.requests.append(self.path)
+        if self.path.startswith(("/garbage/", "/slow/")):
+            body = b"<html><body>Service Unavailable</body></html>\n" * 50
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            for start in range(0, len(body), 500):  # /slow/ drips the body out
+                self.wfile.write(body[start:start + 500])
+                self.wfile.flush()
+                if self.path.startswith("/slow/"):
+                    time.sleep(0.2)
+            return
+        if self.path.startswith("/huge/"):
+            self.send_response(200)
+            self.send_header("Content-Length", str(10**12))
+            self.end_headers()
+            self.wfile.write(b"PAR1" + b"x" * 4096)
+            return
         if self.path.startswith("/truncated/"):
             self.send_response(200)
             self.send_header("Content-Length", "100000")
@@ -259,4 +277,37 @@ def test_unreachable_url_raises_download_error(tmp_path):
         port = s.getsockname()[1]
     with pytest.raises(DownloadError, match="cannot download"):
         read_tiles(f"http://127.0.0.1:{port}/2023-10-01_performance_mobile_tiles.parquet", cache_dir=tmp_path)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_a_garbage_200_body_is_refused_and_not_cached(http_root, tmp_path):
+    base, requests = http_root
+    url = f"{base}/garbage/tiles_2023Q4_mobile.parquet"
+    before = len(requests)
+    for attempt in (1, 2):  # refused each time, and asked for again each time: nothing was cached
+        with pytest.raises(DownloadError, match="not a Parquet file"):
+            fetch(url, tmp_path)
+        assert len(requests) == before + attempt
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_a_bad_cached_download_is_fetched_again(http_root, tmp_path):
+    base, requests = http_root
+    url = f"{base}/{paths.HAWAII_MOBILE_GEOJSON_ZIP.name}"
+    stale = cache_path(url, tmp_path)
+    stale.parent.mkdir(parents=True)
+    stale.write_text("<html>cached by an older geodbk</html>")
+    before = len(requests)
+    assert fetch(url, tmp_path).read_bytes() == paths.HAWAII_MOBILE_GEOJSON_ZIP.read_bytes()
+    assert len(requests) == before + 1
+
+
+def test_download_size_cap_and_deadline_name_their_flags(http_root, tmp_path):
+    base, _ = http_root
+    with pytest.raises(ResourceLimitError, match="--max-download-mb"):
+        fetch(f"{base}/huge/tiles_2023Q4_mobile.parquet", tmp_path)
+    with download_limits(max_bytes=1000), pytest.raises(ResourceLimitError, match="--max-download-mb"):
+        fetch(f"{base}/garbage/tiles_2023Q4_mobile.parquet", tmp_path)
+    with download_limits(deadline_s=0.3), pytest.raises(ResourceLimitError, match="--download-deadline"):
+        fetch(f"{base}/slow/tiles_2023Q4_mobile.parquet", tmp_path)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []

@@ -108,7 +108,7 @@ def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> st
     Args:
         service: ``"mobile"`` or ``"fixed"``.
         year: 2019 onwards.
-        quarter: 1-4.
+        quarter: 1-4; the quarter must be published (:func:`check_published`).
         fmt: ``"parquet"`` or ``"shapefile"`` (a zip).
 
     Example:
@@ -119,8 +119,7 @@ def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> st
         raise InputDataError(f"service must be one of {SERVICES}, got {service!r}")
     if quarter not in (1, 2, 3, 4):
         raise InputDataError(f"quarter must be 1-4, got {quarter!r}")
-    if int(year) < 2019:
-        raise InputDataError(f"Ookla open data starts in 2019, got year {year}")
+    check_published(np.array([year]), np.array([quarter]), "Ookla's files")
     folder, ext = {"parquet": ("parquet", "parquet"), "shapefile": ("shapefiles", "zip")}.get(fmt, (None, None))
     if folder is None:
         raise InputDataError(f"fmt must be 'parquet' or 'shapefile', got {fmt!r}")
