@@ -31,17 +31,25 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
                    help="grow the region polygon by this many degrees before clipping (default 0.01)")
     add_split_options(p)
     p.add_argument("--cache-dir", help="download cache folder")
+    p.add_argument("--max-download-mb", type=float, metavar="MB",
+                   help="refuse a URL download larger than this (default 8590 MB, 8 GiB)")
+    p.add_argument("--download-deadline", type=float, metavar="SECONDS",
+                   help="stop a URL download that takes longer than this in all (default 3600)")
     p.add_argument("--out", metavar="PATH", help="write the dataset here (GeoParquet)")
     p.set_defaults(handler=_run_ingest)
 
 
 def _run_ingest(args: argparse.Namespace) -> int:
-    from geodbk.dataset.spatial_dataset import build_dataset, sample_tiles_path
+    from geodbk.dataset.spatial_dataset import sample_tiles_path
     from geodbk.errors import InputDataError
     from geodbk.ingest.ookla import ookla_url
-    from geodbk.ingest.regions import DEFAULT_BUFFER_DEG
+    from geodbk.ingest.sources import download_limits
 
     check_split_options(args)
+    for flag in ("max_download_mb", "download_deadline"):
+        value = getattr(args, flag)
+        if value is not None and not value > 0:
+            raise InputDataError(f"--{flag.replace('_', '-')} must be positive, got {value}")
     if args.tiles and (args.year or args.quarter):
         raise InputDataError("give either --tiles or --year/--quarter, not both")
     if args.tiles:
@@ -52,7 +60,21 @@ def _run_ingest(args: argparse.Namespace) -> int:
         tiles = [ookla_url(args.service, args.year, args.quarter)]
     else:
         tiles = [sample_tiles_path(args.region)]
-    dataset = build_dataset(
+    max_bytes = None if args.max_download_mb is None else int(args.max_download_mb * 1e6)
+    with download_limits(max_bytes, args.download_deadline):
+        dataset = _build(args, tiles)
+    print(dataset.summary())
+    if args.out:
+        print(f"wrote {dataset.save(args.out)}")
+    return 0
+
+
+def _build(args: argparse.Namespace, tiles: list[str]) -> Any:
+    """The dataset of ``geodbk ingest``'s options from ``tiles`` (paths or URLs)."""
+    from geodbk.dataset.spatial_dataset import build_dataset
+    from geodbk.ingest.regions import DEFAULT_BUFFER_DEG
+
+    return build_dataset(
         tiles if len(tiles) > 1 else tiles[0],
         args.region,
         target=args.target,
@@ -66,10 +88,6 @@ def _run_ingest(args: argparse.Namespace) -> int:
         buffer_deg=DEFAULT_BUFFER_DEG if args.buffer is None else args.buffer,
         cache_dir=args.cache_dir,
     )
-    print(dataset.summary())
-    if args.out:
-        print(f"wrote {dataset.save(args.out)}")
-    return 0
 
 
 def _add_fit(sub: argparse._SubParsersAction) -> None:
