@@ -20,7 +20,7 @@ from torch import nn
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.basis_gp import BasisGP
-from geodbk.models.config import ModelConfig
+from geodbk.models.config import ModelConfig, stored_model_config
 from geodbk.models.conjugate import ConjugateFit, fit_conjugate_posterior
 from geodbk.models.expansions import ard_rbf
 from geodbk.models.precision import Precision, check_precision
@@ -347,7 +347,7 @@ class Regressor:
         """Rebuild from :meth:`to_payload` output on ``device`` ("auto" allowed)."""
         if payload.get("format") != "geodbk.fit.regressor/1":
             raise InputDataError("not a geodbk regressor file (missing format tag)")
-        config = ModelConfig.from_dict(payload["model_config"])
+        config = stored_model_config(payload["model_config"], payload["input_dim"], payload["state_dict"])
         model = build_model(payload["kind"], payload["input_dim"], config)
         model.load_state_dict(payload["state_dict"])
         model.to(resolve_device(device)).eval()

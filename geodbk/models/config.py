@@ -5,16 +5,41 @@ shared by every entry of the model zoo; the objectives read ``alpha`` and ``beta
 train config. Their defaults are the ``cpu`` preset; :data:`PRESETS` is the one home of the
 named schedules (``cpu``: the README's CPU default; ``paper``: the paper's spatial-task size
 and schedule, a GPU job), and :meth:`RunPreset.configs` lets explicit settings win.
+
+Size guards, checked before any tensor is allocated:
+
+* :func:`check_model_size` (``geodbk fit``): the rank may not exceed the training rows
+  (unless it is at most the CPU preset's 128), and without ``--allow-large-model`` the width
+  is at most :data:`MAX_HIDDEN` = 4096 (16x the paper's 256), the encoding has at most
+  :data:`MAX_ENCODING_SCALES` = 64 wavelengths (each adds 4 input columns, and 64 already
+  span 2^64 between the shortest and the longest), and the weights
+  (:func:`parameter_count`) take at most :data:`MAX_MODEL_BYTES` = 2 GiB.
+* :func:`stored_model_config` (loading a model file): the stored sizes may not ask for more
+  weights than the file holds (4x plus 16 M, for buffers the file does not store), so a
+  tampered ``hidden = 1e9`` is refused instead of allocating 140 GB.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from numbers import Integral
 from typing import Any
 
 import torch
 
+from geodbk.errors import InputDataError, ResourceLimitError
+
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: Widest backbone accepted without ``--allow-large-model`` (16x the paper's h = 256).
+MAX_HIDDEN = 4096
+#: Most positional-encoding wavelengths accepted without ``--allow-large-model``.
+MAX_ENCODING_SCALES = 64
+#: Largest weight memory accepted without ``--allow-large-model``, bytes (2 GiB).
+MAX_MODEL_BYTES = 2 << 30
+#: A model file may declare at most this many times the weights it stores, plus :data:`_STORED_SLACK`.
+_STORED_FACTOR = 4
+#: Weights a model file may declare beyond what it stores (buffers rebuilt at load), count.
+_STORED_SLACK = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -121,6 +146,10 @@ class ModelConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("hidden", "rank", "n_blocks", "encoding_scales"):
+            value = getattr(self, name)
+            if not isinstance(value, Integral) or isinstance(value, bool):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.hidden < 1 or self.rank < 1:
@@ -188,3 +217,80 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def parameter_count(config: ModelConfig, input_dim: int) -> int:
+    """Upper estimate of the weights of a model of any kind built from ``config`` on
+    ``input_dim`` input columns: the ResNet backbone (encoding to ``input_dim + 4 *
+    encoding_scales`` columns, stem, ``n_blocks`` blocks of two h x h layers and a norm, final
+    norm), an h x r basis and two r x r covariance factors."""
+    h, r = int(config.hidden), int(config.rank)
+    width = int(input_dim) + 4 * int(config.encoding_scales)
+    backbone = (width + 1) * h + int(config.n_blocks) * (2 * h * h + 4 * h) + 2 * h
+    return backbone + (h + 2) * r + 2 * r * r
+
+
+def weight_bytes(config: ModelConfig, input_dim: int) -> int:
+    """Bytes of :func:`parameter_count` weights at the config's dtype."""
+    return parameter_count(config, input_dim) * torch.empty(0, dtype=config.torch_dtype).element_size()
+
+
+def check_model_size(config: ModelConfig, input_dim: int, n_rows: int, *, allow_large: bool = False) -> None:
+    """Refuse, before building anything, a model too large for its data or for memory
+    (the rule is in the module docstring).
+
+    Args:
+        config: the model's architecture.
+        input_dim: model input columns (2 or 3).
+        n_rows: training rows.
+        allow_large: lift the width, encoding and memory caps (``--allow-large-model``).
+
+    Raises:
+        ResourceLimitError: a limit is exceeded; the message names the option to change.
+    """
+    if config.rank > max(n_rows, CPU.rank):
+        raise ResourceLimitError(
+            f"--rank {config.rank} is more than the {n_rows:,} training rows; a rank-r basis needs at least "
+            "r rows: lower --rank"
+        )
+    if allow_large:
+        return
+    if config.hidden > MAX_HIDDEN:
+        raise ResourceLimitError(f"--hidden {config.hidden} is above the limit of {MAX_HIDDEN}; "
+                                 "pass --allow-large-model to fit it anyway")
+    if config.encoding_scales > MAX_ENCODING_SCALES:
+        raise ResourceLimitError(f"--encoding-scales {config.encoding_scales} is above the limit of "
+                                 f"{MAX_ENCODING_SCALES}; pass --allow-large-model to fit it anyway")
+    size = weight_bytes(config, input_dim)
+    if size > MAX_MODEL_BYTES:
+        raise ResourceLimitError(
+            f"a model of hidden {config.hidden}, rank {config.rank} has {size / 2**30:.1f} GiB of weights, above "
+            f"the limit of {MAX_MODEL_BYTES / 2**30:g} GiB; lower --hidden/--rank or pass --allow-large-model"
+        )
+
+
+def stored_model_config(stored: Any, input_dim: Any, state_dict: Any) -> ModelConfig:
+    """The :class:`ModelConfig` stored in a model file, checked against the weights it holds
+    before any model is built (see the module docstring).
+
+    Args:
+        stored: the file's ``model_config`` mapping.
+        input_dim: the file's ``input_dim``.
+        state_dict: the file's weights, ``{name: tensor}``.
+
+    Raises:
+        InputDataError: the config is not a valid one, or declares far more weights than stored.
+    """
+    try:
+        config = ModelConfig.from_dict(dict(stored))
+        columns = int(input_dim)
+        held = sum(int(t.numel()) for t in state_dict.values() if isinstance(t, torch.Tensor))
+    except (TypeError, ValueError, AttributeError) as err:
+        raise InputDataError(f"the model file's configuration is damaged: {err}") from err
+    declared = parameter_count(config, columns)
+    if not 0 < columns <= 16 or declared > _STORED_FACTOR * held + _STORED_SLACK:
+        raise InputDataError(
+            f"the model file declares hidden {config.hidden}, rank {config.rank}, {config.encoding_scales} encoding "
+            f"scales on {columns} inputs ({declared:,} weights) but holds {held:,}: it is damaged or tampered"
+        )
+    return config
