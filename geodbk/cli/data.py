@@ -136,6 +136,9 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    "each (NCCL) on CUDA, else gloo on the CPU cores shared among them; same results as 1 "
                    "process up to rounding (default 1)")
     add_split_options(p, keep=True)
+    p.add_argument("--allow-large-model", action="store_true",
+                   help="fit a width above 4096, more than 64 encoding scales or over 2 GiB of weights "
+                   "(refused otherwise, before training)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(handler=_run_fit)
 
@@ -216,7 +219,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     from geodbk.fit.geomodel import fit_dataset
     from geodbk.fit.metrics import format_metrics_table, metrics_table, save_metrics
     from geodbk.fit.protocol import MIN_WAVELENGTH_M, map_model_config
-    from geodbk.models.config import run_preset
+    from geodbk.models.config import check_model_size, run_preset
     from geodbk.workflow import RunFolder, evaluate_on_test
 
     def echo(text: str) -> None:
@@ -238,6 +241,8 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     dataset = SpatialDataset.load(args.dataset)
     if args.split is not None:
         dataset = dataset.with_split(args.split, seed=args.seed, block_m=1000.0 * args.block_km)
+    n_train = int((dataset.frame["split"] == "train").sum())
+    check_model_size(model_config, 3, n_train, allow_large=args.allow_large_model)  # before any tensor
     run = RunFolder(Path(args.out))
     echo(f"{args.protocol} protocol, {dataset.split_protocol} split: "
          + ", ".join(f"{s} {int((dataset.frame['split'] == s).sum()):,}" for s in ("train", "val", "test")))
