@@ -58,6 +58,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     add_map_options(p)
     add_extrapolation_option(p)
     p.add_argument("--chunk-rows", type=int, metavar="N", help="grid rows per block (default: ~262k cells per block)")
+    p.add_argument("--max-cells", type=int, metavar="N",
+                   help="largest grid accepted, in cells (default: what 4 GiB of float32 values hold, e.g. "
+                   "153 million cells for one quarter's 7 layers)")
     p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
     p.add_argument("--precision", choices=("float32", "tf32", "bf16"), default="float32",
                    help="precision of the model's backbone (default float32); tf32 (CUDA tensor cores) errs by "
@@ -82,6 +85,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     from geodbk.maps.geometry import RegularGrid
     from geodbk.maps.predict import check_store, predict_grid
     from geodbk.maps.reference import parse_refs, reference_points
+    from geodbk.maps.schema import GridLayers, check_grid_size, grid_size_limit
 
     if args.dask_scheduler is not None:
         from geodbk.maps.parallel import parse_scheduler
@@ -93,6 +97,8 @@ def _run_predict(args: argparse.Namespace) -> int:
     check_map_options(args)
     if args.chunk_rows is not None and args.chunk_rows < 1:
         raise InputDataError(f"--chunk-rows must be >= 1, got {args.chunk_rows}")
+    if args.max_cells is not None and args.max_cells < 1:
+        raise InputDataError(f"--max-cells must be >= 1, got {args.max_cells}")
     model = GeoModel.load(args.model, device=args.device)
     model.regressor.prediction_precision = args.precision
     if args.quarters is not None:
@@ -107,6 +113,9 @@ def _run_predict(args: argparse.Namespace) -> int:
     asked = [when] if when is None or isinstance(when, str) else when
     check_domain(model, grid.geometry, [*asked, *(change or ())], allow=args.allow_extrapolation)
     refs = parse_refs(args.ref)
+    with grid_size_limit(args.max_cells):  # before the reference search walks the grid's cells
+        layers = GridLayers.for_model(model, time=when, threshold=threshold_option(args), change=change, refs=refs)
+        check_grid_size(grid, layers.values_per_cell())
     if not refs and args.dataset:
         refs = reference_points(SpatialDataset.load(args.dataset), grid)
     shown = ",".join(when) if isinstance(when, list) else (when or model.latest_quarter or "all fitted quarters pooled")
@@ -114,9 +123,10 @@ def _run_predict(args: argparse.Namespace) -> int:
           f"quarter(s) {shown}" + (f"; change {change[0]} -> {change[1]}" if change else "")
           + (f"; kernel slices at {', '.join(refs)}" if refs and model.has_kernel else ""))
     start = time.perf_counter()
-    ds = predict_grid(model, grid, refs=refs or None, time=when, change=change, threshold=threshold_option(args),
-                      max_distance=args.max_distance, chunk_rows=args.chunk_rows, store=args.out,
-                      progress=not args.no_progress, client=args.dask_scheduler)
+    with grid_size_limit(args.max_cells):
+        ds = predict_grid(model, grid, refs=refs or None, time=when, change=change, threshold=threshold_option(args),
+                          max_distance=args.max_distance, chunk_rows=args.chunk_rows, store=args.out,
+                          progress=not args.no_progress, client=args.dask_scheduler)
     ds.close()
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
     return 0

@@ -31,11 +31,20 @@ squared at the last mapped quarter (GP models only).
 
 Several quarters give a CF ``time`` coordinate (the first day of each quarter, with
 ``time_bounds`` to the first day of the next) and a ``quarter`` label coordinate.
+
+Size guard: before anything is allocated, :func:`grid_template` refuses a grid whose float32
+values (cells x values per cell x 4 bytes) would exceed :data:`GRID_VALUE_BUDGET` = 4 GiB, a
+sixth of a 24 GB machine (an in-memory grid, an export or the dashboard holds a layer's
+float64 copy and masks beside them): with the 7 layers of one quarter that is 153 million
+cells (``predict --resolution 1e-4`` over Puerto Rico asks for 164 million). ``--max-cells``
+(:func:`grid_size_limit`) sets the cap in cells instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,7 +56,7 @@ import xarray as xr
 
 from geodbk.dataset.inputs import parse_time
 from geodbk.dataset.quarters import parse_quarter_label
-from geodbk.errors import InputDataError
+from geodbk.errors import InputDataError, ResourceLimitError
 from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
 from geodbk.prediction import Z95, probability_below, to_data_units
 
@@ -55,6 +64,24 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.maps.geometry import RegularGrid
 
 Dims = tuple[str, ...]
+
+#: Bytes of one grid value (float32).
+BYTES_PER_VALUE = 4
+#: Memory the values of a grid may take unless a cap in cells is given, bytes (4 GiB).
+GRID_VALUE_BUDGET = 4 << 30
+
+_MAX_CELLS: ContextVar[int | None] = ContextVar("geodbk_max_grid_cells", default=None)
+
+
+@contextmanager
+def grid_size_limit(max_cells: int | None) -> Iterator[None]:
+    """Within the block, grids may have up to ``max_cells`` cells (``None``: the default cap of
+    :func:`check_grid_size`)."""
+    token = _MAX_CELLS.set(max_cells)
+    try:
+        yield
+    finally:
+        _MAX_CELLS.reset(token)
 
 
 class SpatialPredictor(Protocol):
@@ -235,6 +262,11 @@ class GridLayers:
         """Lengths of the non-spatial dimensions."""
         return {"time": len(self.quarters), "ref": len(self.ref_names)}
 
+    def values_per_cell(self) -> int:
+        """How many float32 values the grid holds per cell, over all variables."""
+        sizes = self.sizes()
+        return sum(int(np.prod([sizes[d] for d in dims[:-2]])) for dims, _ in self.variables().values())
+
     def coords(self) -> dict[str, Any]:
         """The ``time``/``quarter``/``time_bounds`` and ``ref`` coordinates (xarray tuples)."""
         coords: dict[str, Any] = {}
@@ -291,6 +323,32 @@ def _check_quarter(quarter: str) -> None:
     parse_time(quarter)
 
 
+def check_grid_size(grid: RegularGrid, values_per_cell: int, *, flag: str = "--max-cells") -> None:
+    """Refuse a grid too large to hold (see the module docstring), before anything is allocated.
+
+    Args:
+        grid: the grid.
+        values_per_cell: float32 values per cell (:meth:`GridLayers.values_per_cell`).
+        flag: the option that sets the cap, named in the message.
+
+    Raises:
+        ResourceLimitError: more cells than the cap of :func:`grid_size_limit`, or by default more
+            than :data:`GRID_VALUE_BUDGET` bytes of values.
+    """
+    cells = int(grid.height) * int(grid.width)
+    cap = _MAX_CELLS.get()
+    if cap is None:
+        cap = GRID_VALUE_BUDGET // (BYTES_PER_VALUE * max(1, values_per_cell))
+        why = f"{values_per_cell} value(s) per cell, {GRID_VALUE_BUDGET / 2**30:g} GiB of float32"
+    else:
+        why = f"set by {flag}"
+    if cells > cap:
+        raise ResourceLimitError(
+            f"a grid of {grid.height:,} x {grid.width:,} = {cells:,} cells at resolution {grid.resolution:g} is "
+            f"above the limit of {cap:,} cells ({why}); use a coarser resolution or pass {flag} {cells}"
+        )
+
+
 # --- the result dataset ------------------------------------------------------------------
 def _coordinate_attrs(crs: pyproj.CRS) -> tuple[dict[str, str], dict[str, str]]:
     if crs.is_geographic:
@@ -321,8 +379,11 @@ def grid_template(
     chunk_rows: int,
     max_distance: float | None,
 ) -> xr.Dataset:
-    """The empty result dataset (NaN) with coordinates, CF attributes and the CRS."""
+    """The empty result dataset (NaN) with coordinates, CF attributes and the CRS; refuses a grid
+    too large to hold first (:func:`check_grid_size`)."""
     import dask.array as da
+
+    check_grid_size(grid, layers.values_per_cell())
 
     meta = model_meta(model)
     sizes = layers.sizes()
@@ -369,4 +430,12 @@ def grid_template(
     return ds.rio.write_coordinate_system(inplace=True)
 
 
-__all__ = ["GridLayers", "SpatialPredictor", "grid_template", "model_meta", "quarter_start"]
+__all__ = [
+    "GridLayers",
+    "SpatialPredictor",
+    "check_grid_size",
+    "grid_size_limit",
+    "grid_template",
+    "model_meta",
+    "quarter_start",
+]
