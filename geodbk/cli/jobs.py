@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from geodbk.cli.options import add_map_options, check_map_options, parse_change, parse_quarter, parse_quarter_list
+from geodbk.cli.options import (
+    add_extrapolation_option,
+    add_map_options,
+    check_map_options,
+    parse_change,
+    parse_quarter,
+    parse_quarter_list,
+)
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -97,6 +105,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quarter", help="map only this quarter, e.g. 2023Q1 (default: every fitted quarter along "
                    "a time dimension; the GeoTIFF has the latest)")
     add_map_options(p)
+    add_extrapolation_option(p)
     p.add_argument("--epochs", type=int, help="training epochs per model (default 40 at lr 0.01, batch 1024)")
     p.add_argument("--resolution", help="map cell side in degrees, or e.g. 500m (default 0.005 degrees, about 550 m)")
     p.add_argument("--crs", help="CRS of the maps (default EPSG:4326; UTM for metre resolutions)")
@@ -111,8 +120,6 @@ def _run_demo(args: argparse.Namespace) -> int:
     import time
 
     from geodbk.errors import InputDataError
-    from geodbk.ingest.regions import load_region
-    from geodbk.maps.geometry import RegularGrid
     from geodbk.models import available_models
     from geodbk.workflow import DemoConfig, run_demo
 
@@ -122,9 +129,6 @@ def _run_demo(args: argparse.Namespace) -> int:
     check_map_options(args)
     if args.epochs is not None and args.epochs < 1:
         raise InputDataError(f"--epochs must be >= 1, got {args.epochs}")
-    defaults = DemoConfig()
-    # the map grid's resolution and CRS are checked here, before fitting
-    RegularGrid.over(load_region(args.region or defaults.region), args.resolution or defaults.resolution, crs=args.crs)
     given: dict = {
         "region": args.region,
         "target": args.target,
@@ -154,7 +158,42 @@ def _run_demo(args: argparse.Namespace) -> int:
         paper_size=args.paper_size,
         progress=not args.no_progress,
     )
+    _check_demo_maps(config, allow=args.allow_extrapolation)
     start = time.perf_counter()
     result = run_demo(args.out, config)
     print(f"done in {time.perf_counter() - start:.0f} s: {len(result.files)} files in {result.run.root}")
     return 0
+
+
+def _check_demo_maps(config: Any, *, allow: bool) -> None:
+    """Before any fitting, refuse what ``geodbk predict`` would refuse of the demo's maps: a grid
+    too large to hold, and (unless ``allow``) a map or change quarter too far from the quarters
+    the models will be fitted on (:func:`geodbk.dataset.domain.quarter_report`)."""
+    import numpy as np
+    import pandas as pd
+
+    from geodbk.dataset.domain import quarter_report
+    from geodbk.dataset.spatial_dataset import parse_quarters, sample_tiles_path
+    from geodbk.errors import InputDataError
+    from geodbk.ingest.regions import load_region
+    from geodbk.maps.geometry import RegularGrid
+    from geodbk.maps.schema import GridLayers, check_grid_size
+
+    pairs = parse_quarters(list(config.quarters)) if config.quarters else None
+    if pairs is None:
+        keys = pd.read_parquet(sample_tiles_path(config.region), columns=["year", "quarter"]).drop_duplicates()
+        pairs = list(keys.itertuples(index=False, name=None))
+    quarters = [f"{y}Q{q}" for y, q in sorted(set(pairs))]
+    refs = ("urban", "rural", "wildland")
+    layers = GridLayers(config.target, "", tuple(quarters), len(quarters) > 1, 1.0, ("", ""), refs, np.zeros((3, 2)))
+    grid = RegularGrid.over(load_region(config.region), config.resolution, crs=config.map_crs)
+    check_grid_size(grid, layers.values_per_cell(), flag="--resolution (the demo has no --max-cells; map a finer "
+                    "grid with geodbk predict --max-cells)")
+    asked = [q for q in (config.map_quarter, *(config.change or ())) if q is not None]
+    if config.protocol == "paper" or not asked:
+        return
+    fitted = quarters[:-1] if config.split == "forecast" and len(quarters) > 1 else quarters
+    problem = quarter_report(fitted, asked, kind="demo's", region=config.region).problem()
+    if problem is not None and not allow:
+        raise InputDataError(f"{problem}; pass --allow-extrapolation to map it anyway")
+

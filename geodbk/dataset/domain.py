@@ -8,9 +8,10 @@ without ``--allow-extrapolation``), so the warning and the refusal cannot drift 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from geodbk.dataset.quarters import QUARTER_YEARS, quarter_label
+from geodbk.dataset.quarters import QUARTER_YEARS, parse_quarter_label, quarter_label, quarter_years
 
 #: Quarters after the last fitted one that a space-time model may forecast before a map of them
 #: counts as extrapolation to refuse (:meth:`DomainReport.problem`); they still warn.
@@ -102,4 +103,21 @@ class DomainReport:
         return f"{self.region} {span}" if self.region else span
 
 
-__all__ = ["FORECAST_QUARTERS", "MAX_OUTSIDE_SHARE", "DomainReport"]
+def quarter_report(fitted: Sequence[str], asked: Sequence[str], *, kind: str = "model",
+                   region: str | None = None) -> DomainReport:
+    """The :class:`DomainReport` of quarters ``asked`` against a model fitted on the quarters
+    ``fitted`` (labels like ``"2023Q4"``), with no points: what a model will refuse before it
+    is fitted (the demo checks its map quarters with it before training)."""
+    def years(labels: Sequence[str]) -> list[float]:
+        return [float(quarter_years(*parse_quarter_label(label))) for label in labels]
+
+    span, queried = years(fitted), years(asked)
+    return DomainReport(
+        0, 0,
+        (min(queried), max(queried)) if queried else None,
+        (min(span), max(span)) if span else None,
+        kind, region,
+    )
+
+
+__all__ = ["FORECAST_QUARTERS", "MAX_OUTSIDE_SHARE", "DomainReport", "quarter_report"]

@@ -62,7 +62,7 @@ class DownloadLimits:
     deadline_s: float = DOWNLOAD_DEADLINE_S
 
 
-_LIMITS: ContextVar[DownloadLimits] = ContextVar("geodbk_download_limits", default=DownloadLimits())
+_LIMITS: ContextVar[DownloadLimits | None] = ContextVar("geodbk_download_limits", default=None)
 
 
 @contextmanager
@@ -122,7 +122,7 @@ def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.
             return target
         target.unlink()  # a bad body cached by an older geodbk: fetch it again
     target.parent.mkdir(parents=True, exist_ok=True)
-    limits = _LIMITS.get()
+    limits = _LIMITS.get() or DownloadLimits()
     start = time.monotonic()
     try:
         with atomic_path(target, suffix=".part") as tmp, open(tmp, "wb") as out, urllib.request.urlopen(
