@@ -187,8 +187,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     refs = ("urban", "rural", "wildland")
     layers = GridLayers(config.target, "", tuple(quarters), len(quarters) > 1, 1.0, ("", ""), refs, np.zeros((3, 2)))
     grid = RegularGrid.over(load_region(config.region), config.resolution, crs=config.map_crs)
-    check_grid_size(grid, layers.values_per_cell(), flag="--resolution (the demo has no --max-cells; map a finer "
-                    "grid with geodbk predict --max-cells)")
+    check_grid_size(grid, layers.values_per_cell(), lift="map it with geodbk predict --max-cells")
     asked = [q for q in (config.map_quarter, *(config.change or ())) if q is not None]
     if config.protocol == "paper" or not asked:
         return

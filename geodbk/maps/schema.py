@@ -323,13 +323,13 @@ def _check_quarter(quarter: str) -> None:
     parse_time(quarter)
 
 
-def check_grid_size(grid: RegularGrid, values_per_cell: int, *, flag: str = "--max-cells") -> None:
+def check_grid_size(grid: RegularGrid, values_per_cell: int, *, lift: str | None = None) -> None:
     """Refuse a grid too large to hold (see the module docstring), before anything is allocated.
 
     Args:
         grid: the grid.
         values_per_cell: float32 values per cell (:meth:`GridLayers.values_per_cell`).
-        flag: the option that sets the cap, named in the message.
+        lift: how the message says to lift the cap (default: ``pass --max-cells <cells>``).
 
     Raises:
         ResourceLimitError: more cells than the cap of :func:`grid_size_limit`, or by default more
@@ -341,11 +341,12 @@ def check_grid_size(grid: RegularGrid, values_per_cell: int, *, flag: str = "--m
         cap = GRID_VALUE_BUDGET // (BYTES_PER_VALUE * max(1, values_per_cell))
         why = f"{values_per_cell} value(s) per cell, {GRID_VALUE_BUDGET / 2**30:g} GiB of float32"
     else:
-        why = f"set by {flag}"
+        why = "set by --max-cells"
     if cells > cap:
         raise ResourceLimitError(
             f"a grid of {grid.height:,} x {grid.width:,} = {cells:,} cells at resolution {grid.resolution:g} is "
-            f"above the limit of {cap:,} cells ({why}); use a coarser resolution or pass {flag} {cells}"
+            f"above the limit of {cap:,} cells ({why}); use a coarser resolution or "
+            + (lift or f"pass --max-cells {cells}")
         )
 
 
