@@ -3,6 +3,8 @@ without --allow-extrapolation (a Puerto Rico model asked for Hawaii)."""
 
 from __future__ import annotations
 
+import warnings
+
 import geopandas as gpd
 import numpy as np
 import pytest
@@ -115,3 +117,19 @@ def test_cli_summarize_refuses_extrapolation_unless_allowed(files, capsys) -> No
     assert main(later) == 2
     assert "quarters after" in one_line(capsys) and not (files / "later.csv").exists()
     assert main(later[:-6] + ["--quarter", "2023Q4", "--out", str(files / "home.csv")]) == 0
+
+
+@pytest.mark.parametrize("resolution", [0.01, 0.005])
+def test_a_map_of_the_fitted_region_does_not_warn(pr_model, resolution) -> None:
+    """Coastal cells and Mona Island lie outside the box of the training tiles but inside the
+    fitted region polygon: mapping the model's own region is not extrapolation (every ordinary
+    PR map warned "N of M point(s) lie outside the fitted extent")."""
+    grid = RegularGrid.over(load_region("PR"), resolution)
+    mona = np.array([[-67.90, 18.09]])  # Mona Island: in the PR polygon, no tile near it
+    assert pr_model.domain_report(mona, ["2023Q4"]).n_outside == 0
+    assert pr_model.domain_report(cells("PR"), ["2023Q4"]).n_outside == 0
+    assert pr_model.domain_report(cells("HI"), ["2023Q4"]).n_outside == len(cells("HI"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExtrapolationWarning)
+        pr_model.grid(resolution, quarter="2023Q4", region=load_region("PR"), progress=False)
+        predict_grid(pr_model, grid, time="2023Q4", progress=False)

@@ -4,12 +4,22 @@ One measurement, made by :meth:`geodbk.dataset.inputs.InputSpace.domain`, read t
 :meth:`DomainReport.warning` names any departure (Python prediction warns with it) and
 :meth:`DomainReport.problem` names only what is too far out to map (the CLI refuses it
 without ``--allow-extrapolation``), so the warning and the refusal cannot drift apart.
+
+A point counts as outside the fitted extent when it lies outside the box of the training
+tiles grown by 5% and also outside the fitted region's polygon (:func:`beyond_region`): a
+map of a model's own region is not extrapolation where the region reaches past its tiles
+(coastal cells, Mona Island).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import shapely
+from shapely.geometry.base import BaseGeometry
 
 from geodbk.dataset.quarters import QUARTER_YEARS, parse_quarter_label, quarter_label, quarter_years
 
@@ -27,7 +37,7 @@ class DomainReport:
 
     Attributes:
         n_points: query points.
-        n_outside: those outside the fitted extent (grown by 5%).
+        n_outside: those outside the fitted extent (grown by 5%) and the fitted region polygon.
         queried: (earliest, latest) queried time, decimal years; None without time or points.
         fitted: (first, last) fitted quarter middles, decimal years; None for a time-free model.
         kind: the model kind, for :meth:`problem`.
@@ -103,6 +113,27 @@ class DomainReport:
         return f"{self.region} {span}" if self.region else span
 
 
+@lru_cache(maxsize=8)
+def fitted_area(wkb_hex: str | None) -> BaseGeometry | None:
+    """The fitted region's polygon (EPSG:4326) from its hex WKB, prepared for point tests; None for None."""
+    if wkb_hex is None:
+        return None
+    area = shapely.from_wkb(wkb_hex)
+    shapely.prepare(area)
+    return area
+
+
+def beyond_region(outside: np.ndarray, lonlat: np.ndarray, region: BaseGeometry | None) -> np.ndarray:
+    """``outside`` ((n,) bool, outside the fitted extent) cleared where ``lonlat`` ((n, 2) degrees)
+    lies inside ``region``, the fitted region polygon (unchanged when it is None)."""
+    if region is None or not outside.any():
+        return outside
+    beyond = outside.copy()
+    points = lonlat[outside]
+    beyond[outside] = ~shapely.contains_xy(region, points[:, 0], points[:, 1])
+    return beyond
+
+
 def quarter_report(fitted: Sequence[str], asked: Sequence[str], *, kind: str = "model",
                    region: str | None = None) -> DomainReport:
     """The :class:`DomainReport` of quarters ``asked`` against a model fitted on the quarters
@@ -120,4 +151,4 @@ def quarter_report(fitted: Sequence[str], asked: Sequence[str], *, kind: str = "
     )
 
 
-__all__ = ["FORECAST_QUARTERS", "MAX_OUTSIDE_SHARE", "DomainReport", "quarter_report"]
+__all__ = ["FORECAST_QUARTERS", "MAX_OUTSIDE_SHARE", "DomainReport", "beyond_region", "fitted_area", "quarter_report"]

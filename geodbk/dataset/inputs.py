@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from shapely.geometry.base import BaseGeometry
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, outside_extent, transform_from_dict
-from geodbk.dataset.domain import DomainReport
+from geodbk.dataset.domain import DomainReport, beyond_region
 from geodbk.dataset.quarters import parse_quarter_label, quarter_label, quarter_years
 from geodbk.errors import InputDataError
 
@@ -146,14 +147,22 @@ class InputSpace:
         return np.column_stack([xy, self.time.to_unit(years)])
 
     def domain(
-        self, lonlat: np.ndarray, times: Sequence[TimeLike] = (None,), *, xy: np.ndarray | None = None
+        self,
+        lonlat: np.ndarray,
+        times: Sequence[TimeLike] = (None,),
+        *,
+        xy: np.ndarray | None = None,
+        region: BaseGeometry | None = None,
     ) -> DomainReport:
         """Where ``lonlat`` (n, 2) degrees at each of ``times`` (as in :meth:`features`; None = the
         latest fitted quarter) lie against the fitted extent (grown by 5%) and quarters.
 
         ``xy``: the (n, 2) unit coordinates of ``lonlat`` when already at hand (the first two
-        columns of :meth:`features`), so that they are not projected again."""
+        columns of :meth:`features`), so that they are not projected again. ``region``: the
+        fitted region polygon (lon/lat); points inside it are not outside the extent
+        (:func:`geodbk.dataset.domain.beyond_region`)."""
         outside = outside_extent(self.coords.to_unit(lonlat) if xy is None else xy, self.coords.extent)
+        outside = beyond_region(outside, lonlat, region)
         queried = fitted = None
         if self.time is not None:
             fitted = (self.time.first, self.time.last)
@@ -163,12 +172,19 @@ class InputSpace:
                 queried = (float(joined.min()), float(joined.max()))
         return DomainReport(len(outside), int(outside.sum()), queried, fitted)
 
-    def extrapolation(self, lonlat: np.ndarray, when: TimeLike = None, *, xy: np.ndarray | None = None) -> str | None:
+    def extrapolation(
+        self,
+        lonlat: np.ndarray,
+        when: TimeLike = None,
+        *,
+        xy: np.ndarray | None = None,
+        region: BaseGeometry | None = None,
+    ) -> str | None:
         """A one-line description of where the query leaves the fitted domain, or None
-        (:meth:`DomainReport.warning` of :meth:`domain`, ``xy`` as there): points outside the
-        fitted extent and times after the last or before the first fitted quarter; one quarter
-        ahead is allowed but still flagged."""
-        return self.domain(lonlat, [when], xy=xy).warning()
+        (:meth:`DomainReport.warning` of :meth:`domain`, ``xy`` and ``region`` as there): points
+        outside the fitted extent and times after the last or before the first fitted quarter;
+        one quarter ahead is allowed but still flagged."""
+        return self.domain(lonlat, [when], xy=xy, region=region).warning()
 
     def to_dict(self) -> dict[str, Any]:
         return {

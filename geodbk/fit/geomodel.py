@@ -25,7 +25,7 @@ import xarray as xr
 from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
-from geodbk.dataset.domain import DomainReport
+from geodbk.dataset.domain import DomainReport, fitted_area
 from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time
 from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import SpatialDataset
@@ -93,7 +93,8 @@ class GeoModel:
         """How far ``lonlat`` (n, 2) degrees (e.g. a sample of a map's cells) at each quarter of
         ``times`` (as in :meth:`features`; None = the latest fitted) leave the fitted domain
         (:meth:`InputSpace.domain`, named after this model). Quarters are ignored by a time-free model."""
-        report = self.inputs.domain(_lonlat(lonlat, "lonlat"), times)
+        area = fitted_area(self.meta.get("region_wkb_hex"))  # inside the fitted region is not extrapolation
+        report = self.inputs.domain(_lonlat(lonlat, "lonlat"), times, region=area)
         return replace(report, kind=self.kind, region=self.meta.get("region"))
 
     def features(self, lonlat: np.ndarray, time: TimeLike = None, *, name: str = "lonlat") -> np.ndarray:
@@ -104,7 +105,8 @@ class GeoModel:
         """
         lonlat = _lonlat(lonlat, name)
         X = self.inputs.features(lonlat, time)
-        problem = self.inputs.extrapolation(lonlat, time, xy=X[:, :2])  # the projected columns, not projected again
+        area = fitted_area(self.meta.get("region_wkb_hex"))  # inside the fitted region is not extrapolation
+        problem = self.inputs.extrapolation(lonlat, time, xy=X[:, :2], region=area)  # xy: not projected again
         if problem is not None:
             warnings.warn(f"{self.kind}: {problem}", ExtrapolationWarning, stacklevel=3)
         return X
