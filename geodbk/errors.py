@@ -37,3 +37,20 @@ class ResourceLimitError(GeodbkError, ValueError):
 
 class DroppedRowsWarning(UserWarning):
     """Input rows failed a check and were dropped (and counted) instead of used."""
+
+
+class OutputExistsError(GeodbkError, FileExistsError):
+    """An output path holds something the write would destroy: a folder where a file goes, a folder
+    that geodbk did not write, or one of the command's own inputs."""
+
+
+class OutputPathError(GeodbkError, OSError):
+    """An output cannot be written where asked: a parent of the path is a file, or not writable."""
+
+
+class FolderBusyError(GeodbkError, BlockingIOError):
+    """Another geodbk process holds the lock of a run folder for longer than this one waits."""
+
+
+class Terminated(KeyboardInterrupt):
+    """The process got SIGTERM during a CLI run; raised like Ctrl-C so that staged outputs are removed."""

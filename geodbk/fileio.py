@@ -1,4 +1,4 @@
-"""Atomic writes: an output is either complete at its final path or not there at all.
+"""Safe writes: an output is complete at its final path or not there, and nothing it did not create is lost.
 
 Every writer stages its output at a hidden temporary path beside the target (same folder,
 so the final rename is atomic) and moves it into place only when it is complete:
@@ -7,27 +7,144 @@ so the final rename is atomic) and moves it into place only when it is complete:
 * :func:`atomic_dir` for a folder (a Zarr store, a run folder);
 * :class:`StagedPath` for writers that stream into the output over many calls (the block
   sinks of :mod:`geodbk.maps.stores`): :meth:`StagedPath.commit` at the end,
-  :meth:`StagedPath.discard` on failure.
+  :meth:`StagedPath.discard` on failure;
+* :class:`FolderCommit` for several files of one folder that must change together (a run
+  folder's models and metrics), under :func:`folder_lock`.
 
-Temporary names are ``.<name>.<random>.tmp`` (hidden, and never ending in the output's own
-suffix, so no reader that globs for ``*.nc`` or ``*.pt`` picks one up). An exception removes
-the temporary output and leaves an older file or folder at the target untouched. A process
-killed outright (SIGKILL, power loss) can leave the hidden temporary behind, never a partial
-output at the target.
+What may be replaced (:func:`check_output`): a file replaces a file; a folder replaces an
+empty folder or a folder of the same kind that geodbk wrote, recognised by its marker file
+(:data:`MARKER`, holding the kind: :data:`ZARR_STORE` or :data:`RUN_FOLDER`). Anything else
+is refused with :class:`geodbk.errors.OutputExistsError` unless ``overwrite`` is given (or
+the CLI's ``--overwrite`` is in force, :func:`overwrite_allowed`). An output never replaces
+one of its own inputs.
+
+Temporary names are ``.<name>.<pid>-<random>.tmp`` (hidden, and never ending in the output's
+own suffix, so no reader that globs for ``*.nc`` or ``*.pt`` picks one up). An exception
+(Ctrl-C and SIGTERM included, see :mod:`geodbk.cli`) removes the temporary and leaves an
+older output at the target untouched. A process killed outright (SIGKILL, power loss) can
+leave its hidden temporary behind, never a partial output at the target; the next write
+into the same folder sweeps temporaries whose process is gone (:func:`sweep`).
 
 Replacing an existing folder takes two renames (old aside, new into place), so for a moment
-nothing is at the target; a reader then sees "no output", never a mix of old and new.
+nothing is at the target; a reader then sees "no output", never a mix of old and new. A
+folder put aside by a process killed between the two renames is put back by :func:`sweep`.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+
+from geodbk.errors import FolderBusyError, OutputExistsError, OutputPathError
+
+#: Marker file inside every folder output geodbk writes; its text is the folder's kind.
+MARKER = ".geodbk"
+#: Kind of a Zarr store written by geodbk.
+ZARR_STORE = "zarr"
+#: Kind of a run folder (dataset, models, metrics, maps).
+RUN_FOLDER = "run"
+_KIND_NAMES = {ZARR_STORE: "Zarr store", RUN_FOLDER: "run folder"}
+#: Lock file of :func:`folder_lock`, inside the locked folder.
+LOCK = ".geodbk.lock"
+#: Journal of a :class:`FolderCommit` whose renames have begun.
+JOURNAL = ".geodbk-journal"
+#: ``.<name>.<pid>-<random><suffix>``: a staged temporary (``.tmp``, a download's ``.part``) or an
+#: older output put aside during a folder swap (``.old``).
+_STAGED = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[a-z0-9_]+\.(?P<ext>tmp|part|old)$")
+#: Free bytes below which a failed write is reported as a full disk.
+_FULL_DISK_BYTES = 256 * 1024
+
+_forced = ContextVar("geodbk_overwrite", default=False)
+
+
+@contextmanager
+def overwrite_allowed(allowed: bool = True) -> Iterator[None]:
+    """Within the block, every write may replace what stands at its target, as if each were given
+    ``overwrite=True`` (the CLI's ``--overwrite``); a write still never replaces its own input."""
+    token = _forced.set(allowed)
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def output_kind(path: str | Path) -> str | None:
+    """The kind written in the marker of folder ``path`` (:data:`ZARR_STORE`, :data:`RUN_FOLDER`), or None."""
+    try:
+        return (Path(path) / MARKER).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _inside(inner: Path, outer: Path) -> bool:
+    inner, outer = inner.resolve(), outer.resolve()
+    return inner == outer or outer in inner.parents
+
+
+def _check_parent(path: Path, shown: str) -> None:
+    """The nearest existing ancestor of ``path`` must be a writable folder."""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputPathError(f"cannot write {shown}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputPathError(f"cannot write {shown}: the folder {ancestor} is not writable")
+
+
+def check_output(
+    path: str | Path,
+    *,
+    kind: str | None = None,
+    overwrite: bool = False,
+    inputs: Iterable[str | Path] = (),
+    name: str | None = None,
+) -> None:
+    """Raise unless writing ``path`` destroys nothing it should not.
+
+    Args:
+        path: the output.
+        kind: None for a file output, else the folder kind (:data:`ZARR_STORE`, :data:`RUN_FOLDER`).
+        overwrite: replace whatever stands at ``path`` (also forced by :func:`overwrite_allowed`).
+        inputs: files the command reads; ``path`` may not be one of them or hold one.
+        name: what messages call the output (e.g. ``"--out"``).
+
+    Raises:
+        OutputExistsError: ``path`` is an input or holds one, or (without ``overwrite``) is a
+            folder where a file goes, a file where a folder goes, or a non-empty folder whose
+            marker is not ``kind``.
+        OutputPathError: a parent of ``path`` is a file or not writable.
+    """
+    path = Path(path)
+    shown = f"{name} {path}" if name else str(path)
+    for given in inputs:
+        if _inside(Path(given), path):
+            raise OutputExistsError(f"{shown} would replace the input {given}; write the output somewhere else")
+    _check_parent(path, shown)
+    if overwrite or _forced.get() or not (path.exists() or path.is_symlink()):
+        return
+    if kind is None:
+        if path.is_dir() and not path.is_symlink():
+            raise OutputExistsError(f"{shown} is a folder, and a file output replaces only a file; "
+                                    "pass --overwrite to replace the folder")
+        return
+    what = _KIND_NAMES.get(kind, kind)
+    if not path.is_dir():
+        raise OutputExistsError(f"{shown} is a file, not a {what}; pass --overwrite to replace it")
+    if output_kind(path) != kind and any(path.iterdir()):
+        raise OutputExistsError(f"{shown} exists and is not a {what} written by geodbk; "
+                                "pass --overwrite to replace it as a whole")
 
 
 def _remove(path: Path) -> None:
@@ -38,43 +155,131 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (this one counts as alive)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(folder: str | Path) -> None:
+    """Clean up after geodbk processes killed while writing into ``folder``.
+
+    A :class:`FolderCommit` whose renames had begun is finished; staged temporaries are
+    removed; a folder put aside during a swap goes back to its name if nothing took its place
+    (else it is removed). Only entries of processes that no longer exist are touched.
+    """
+    folder = Path(folder)
+    _finish_commit(folder)
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = _STAGED.match(entry.name)
+        if match is None or _alive(int(match["pid"])):
+            continue
+        target = folder / match["name"]
+        if match["ext"] == "old" and not (target.exists() or target.is_symlink()):
+            os.rename(entry, target)
+        else:
+            _remove(entry)
+
+
+def _staged_name(target: Path) -> str:
+    return f".{target.name}.{os.getpid()}-"
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file to the disk, so that a full disk or an I/O error shows now, not after the rename."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def disk_full(folder: str | Path) -> bool:
+    """Whether the filesystem of ``folder`` has (almost) no space left for this user."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < _FULL_DISK_BYTES
+
+
+def write_failure(path: str | Path, err: BaseException, detail: str = "") -> OSError:
+    """The error to raise when a library failed to write ``path``: ENOSPC when the disk is full
+    (GDAL and netCDF report it as "HDF error" or worse), ``err`` itself if it is an OSError, else
+    an EIO OSError quoting ``detail`` (what the library printed) or ``err``."""
+    path = Path(path)
+    if disk_full(path.parent):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    if isinstance(err, OSError):
+        return err
+    reason = " ".join((detail or f"{type(err).__name__}: {err}").split())
+    return OSError(errno.EIO, f"write failed ({reason})", str(path))
+
+
 @dataclass(frozen=True)
 class StagedPath:
     """A hidden temporary file or folder beside ``target`` that becomes ``target`` on :meth:`commit`.
 
     Attributes:
         target: the final path.
-        tmp: where to write meanwhile (created empty: a file, or a folder if ``directory``).
-        directory: whether the output is a folder.
+        tmp: where to write meanwhile (created empty: a file, or a folder if ``kind`` is given).
+        kind: None for a file, else the folder kind written to its :data:`MARKER` on commit.
+        overwrite: replace whatever stands at the target (see :func:`check_output`).
     """
 
     target: Path
     tmp: Path
-    directory: bool
+    kind: str | None = None
+    overwrite: bool = False
+
+    @property
+    def directory(self) -> bool:
+        return self.kind is not None
 
     @classmethod
-    def beside(cls, target: str | Path, *, directory: bool = False, suffix: str = ".tmp") -> StagedPath:
-        """Create the temporary beside ``target`` (creating the parent folder)."""
+    def beside(
+        cls, target: str | Path, *, kind: str | None = None, overwrite: bool = False, suffix: str = ".tmp"
+    ) -> StagedPath:
+        """Check the target (:func:`check_output`), sweep its folder (:func:`sweep`) and create the
+        temporary beside it (creating the parent folder)."""
         target = Path(target)
+        check_output(target, kind=kind, overwrite=overwrite)
         target.parent.mkdir(parents=True, exist_ok=True)
-        prefix = f".{target.name}."
-        if directory:
-            tmp = tempfile.mkdtemp(dir=target.parent, prefix=prefix, suffix=suffix)
+        sweep(target.parent)
+        if kind is not None:
+            tmp = tempfile.mkdtemp(dir=target.parent, prefix=_staged_name(target), suffix=suffix)
         else:
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=suffix)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_staged_name(target), suffix=suffix)
             os.close(fd)
-        return cls(target, Path(tmp), directory)
+        return cls(target, Path(tmp), kind, overwrite)
 
     def commit(self) -> Path:
-        """Move the finished temporary onto the target (replacing what is there) and return the target.
+        """Move the finished temporary onto the target and return the target.
 
-        Files get mode 0644 and folders 0755 (``mkstemp``/``mkdtemp`` create them private).
-        A file replaces a file in one atomic rename. Anything replacing a folder (or a folder
-        replacing anything) is swapped in with two renames; should the second fail, the old
-        output is put back.
+        The target is checked again (something may have appeared meanwhile). A file is flushed
+        to the disk first; a folder gets its marker. Files get mode 0644 and folders 0755
+        (``mkstemp``/``mkdtemp`` create them private). A file replaces a file in one atomic
+        rename; anything else is swapped in with two renames, and should the second fail, the
+        old output is put back.
         """
+        check_output(self.target, kind=self.kind, overwrite=self.overwrite)
+        if self.kind is None:
+            _fsync(self.tmp)
+        else:
+            (self.tmp / MARKER).write_text(self.kind + "\n")
         os.chmod(self.tmp, 0o755 if self.directory else 0o644)
-        if not self.directory and not self.target.is_dir():
+        if not self.directory and not (self.target.is_dir() and not self.target.is_symlink()):
             os.replace(self.tmp, self.target)
             return self.target
         aside = None
@@ -97,8 +302,8 @@ class StagedPath:
 
 
 @contextmanager
-def _staged(path: str | Path, *, directory: bool, suffix: str) -> Iterator[Path]:
-    staged = StagedPath.beside(path, directory=directory, suffix=suffix)
+def _staged(path: str | Path, *, kind: str | None, overwrite: bool, suffix: str) -> Iterator[Path]:
+    staged = StagedPath.beside(path, kind=kind, overwrite=overwrite, suffix=suffix)
     try:
         yield staged.tmp
         staged.commit()
@@ -107,27 +312,139 @@ def _staged(path: str | Path, *, directory: bool, suffix: str) -> Iterator[Path]
 
 
 @contextmanager
-def atomic_path(path: str | Path, *, suffix: str = ".tmp") -> Iterator[Path]:
+def atomic_path(path: str | Path, *, overwrite: bool = False, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary file path beside ``path`` to write to; rename it onto ``path`` on success.
 
-    The temporary file (``.<name>.<random><suffix>``, created empty) is removed if the block
-    raises, and an existing file at ``path`` is then left as it was. The parent folder is
-    created; the final file gets mode 0644.
+    The temporary file (``.<name>.<pid>-<random><suffix>``, created empty) is removed if the
+    block raises, and an existing file at ``path`` is then left as it was. A folder at
+    ``path`` is refused (:class:`geodbk.errors.OutputExistsError`) unless ``overwrite``. The
+    parent folder is created; the final file gets mode 0644.
     """
-    with _staged(path, directory=False, suffix=suffix) as tmp:
+    with _staged(path, kind=None, overwrite=overwrite, suffix=suffix) as tmp:
         yield tmp
 
 
 @contextmanager
-def atomic_dir(path: str | Path, *, suffix: str = ".tmp") -> Iterator[Path]:
+def atomic_dir(path: str | Path, *, kind: str, overwrite: bool = False, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield an empty temporary folder beside ``path`` to fill; swap it in for ``path`` on success.
 
-    Whatever is at ``path`` (a folder, e.g. an older Zarr store or run folder, or a file) is
-    replaced as a whole when the block ends normally, and left untouched if it raises; the
-    temporary folder is then removed. The final folder gets mode 0755.
+    ``path`` may be missing, an empty folder or a folder of the same ``kind`` written by
+    geodbk (anything else unless ``overwrite``, see :func:`check_output`); it is replaced as a
+    whole when the block ends normally, and left untouched if it raises; the temporary folder
+    is then removed. The final folder gets mode 0755 and a :data:`MARKER` holding ``kind``.
     """
-    with _staged(path, directory=True, suffix=suffix) as tmp:
+    with _staged(path, kind=kind, overwrite=overwrite, suffix=suffix) as tmp:
         yield tmp
 
 
-__all__ = ["StagedPath", "atomic_dir", "atomic_path"]
+@contextmanager
+def folder_lock(folder: str | Path, *, timeout_s: float) -> Iterator[None]:
+    """Hold the advisory lock of ``folder`` (``fcntl.flock`` on its :data:`LOCK` file) within the block.
+
+    Waits up to ``timeout_s`` seconds for another process to release it, then raises
+    :class:`geodbk.errors.FolderBusyError`. The lock ends with the block, or with the process.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise FolderBusyError(
+                        f"{folder} is being written by another geodbk process (waited {timeout_s:g} s); "
+                        "try again when it has finished"
+                    ) from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)
+
+
+class FolderCommit:
+    """Files of one folder that change together: written into a hidden staging folder inside
+    ``root``, then moved into place by :meth:`commit`.
+
+    The moves are listed in a journal (:data:`JOURNAL`) before the first one, so a process
+    killed midway leaves either the old files (the staging folder is swept) or a journal that
+    the next :func:`sweep` of ``root`` finishes. Hold :func:`folder_lock` of ``root`` while
+    committing, so that commits do not interleave.
+    """
+
+    def __init__(self, root: str | Path, *, overwrite: bool = False) -> None:
+        self.root = Path(root)
+        self.overwrite = overwrite
+        self.root.mkdir(parents=True, exist_ok=True)
+        sweep(self.root)
+        self.staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".geodbk-commit." + f"{os.getpid()}-",
+                                             suffix=".tmp"))
+
+    def path(self, final: str | Path) -> Path:
+        """Where to write the file that becomes ``final`` (a path inside ``root``) on commit."""
+        staged = self.staging / Path(final).relative_to(self.root)
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        return staged
+
+    def commit(self) -> list[Path]:
+        """Move every staged file into place; return their final paths."""
+        files = sorted(str(p.relative_to(self.staging)) for p in self.staging.rglob("*") if not p.is_dir())
+        for name in files:
+            check_output(self.root / name, overwrite=self.overwrite)
+        journal = {"pid": os.getpid(), "staging": self.staging.name, "files": files}
+        with atomic_path(self.root / JOURNAL) as tmp:
+            tmp.write_text(json.dumps(journal))
+        _apply(self.root, journal)
+        return [self.root / name for name in files]
+
+    def discard(self) -> None:
+        """Remove the staging folder (a no-op after a commit)."""
+        _remove(self.staging)
+
+
+def _apply(root: Path, journal: dict) -> None:
+    """Move the journal's staged files into place, remove the staging folder, then the journal."""
+    staging = root / journal["staging"]
+    for name in journal["files"]:
+        source, final = staging / name, root / name
+        if not source.exists():  # moved before an interruption
+            continue
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.is_dir() and not final.is_symlink():  # only when forced: check_output refused it otherwise
+            _remove(final)
+        os.replace(source, final)
+    _remove(staging)
+    (root / JOURNAL).unlink(missing_ok=True)
+
+
+def _finish_commit(folder: Path) -> None:
+    """Finish a :class:`FolderCommit` of ``folder`` whose process died after writing its journal."""
+    try:
+        journal = json.loads((folder / JOURNAL).read_text())
+    except (OSError, ValueError):
+        return
+    if not _alive(int(journal.get("pid", 0))):
+        _apply(folder, journal)
+
+
+__all__ = [
+    "JOURNAL",
+    "LOCK",
+    "MARKER",
+    "RUN_FOLDER",
+    "ZARR_STORE",
+    "FolderCommit",
+    "StagedPath",
+    "atomic_dir",
+    "atomic_path",
+    "check_output",
+    "disk_full",
+    "folder_lock",
+    "output_kind",
+    "overwrite_allowed",
+    "sweep",
+    "write_failure",
+]

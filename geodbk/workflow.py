@@ -12,7 +12,13 @@ A run folder appears whole or not at all: :func:`run_demo` fills a hidden tempor
 beside the target and swaps it in when every file is written (:func:`geodbk.fileio.atomic_dir`),
 so a crash midway leaves the previous run folder (or nothing) for the dashboard to open, never
 a half run. The swap replaces the previous run folder as a whole, and only a folder that is
-empty or already a run folder (:meth:`RunFolder.looks_like_run`).
+empty or a run folder geodbk wrote (its marker, :data:`geodbk.fileio.MARKER`), unless
+``overwrite``.
+
+``geodbk fit`` adds models to a run folder instead (:meth:`RunFolder.check_fits` before training,
+:meth:`RunFolder.save_fits` after): the models, the merged metrics and the dataset (when new)
+change together in one :class:`geodbk.fileio.FolderCommit`, under the folder's lock, so two
+fits into one folder keep both models' rows and a killed fit leaves the old files.
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ import pandas as pd
 
 from geodbk.dataset.quarters import parse_quarter_label
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
-from geodbk.errors import InputDataError
-from geodbk.fileio import atomic_dir
+from geodbk.errors import InputDataError, OutputExistsError
+from geodbk.fileio import MARKER, RUN_FOLDER, FolderCommit, atomic_dir, check_output, folder_lock, output_kind
 from geodbk.fit.geomodel import GeoModel, fit_dataset
 from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
 from geodbk.fit.protocol import map_model_config
@@ -44,6 +50,8 @@ from geodbk.models.config import ModelConfig, RunPreset, TrainConfig, run_preset
 #: features and the k-nearest-tiles baseline every GP row has to beat (sv-rbf and the rest
 #: of the zoo are in benchmarks/bench_quality.py and ``geodbk fit``).
 DEMO_MODELS = ("dbk-rbf", "sv-dkl", "knn")
+#: Seconds a fit waits for another process to finish writing the same run folder.
+RUN_LOCK_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -81,15 +89,80 @@ class RunFolder:
         return self.root / "maps" / f"{kind}_test_tiles.geojson"
 
     def looks_like_run(self) -> bool:
-        """Whether :attr:`root` is missing, an empty folder, or holds only run-folder entries
-        (``dataset.parquet``, ``metrics.*``, ``models/``, ``maps/``, hidden files): what
-        :func:`run_demo` may replace as a whole."""
+        """Whether :attr:`root` is missing, an empty folder, a run folder geodbk marked, or holds
+        only run-folder entries (``dataset.parquet``, ``metrics.*``, ``models/``, ``maps/``,
+        hidden files; a run folder of a geodbk without markers): where ``geodbk fit`` may add
+        models."""
         if not self.root.exists():
             return True
         if not self.root.is_dir():
             return False
+        if output_kind(self.root) == RUN_FOLDER:
+            return True
         known = {self.dataset.name, self.metrics_csv.name, self.metrics_json.name, "models", "maps"}
         return all(entry.name in known or entry.name.startswith(".") for entry in self.root.iterdir())
+
+    def check_fits(self, dataset: SpatialDataset, kinds: Sequence[str], *, overwrite: bool = False) -> None:
+        """Raise unless fitting ``kinds`` on ``dataset`` may be saved here (run it before training).
+
+        Raises:
+            OutputExistsError: the folder is not a run folder (:meth:`looks_like_run`), or a
+                model, metrics or dataset path is a folder (both unless ``overwrite``), or the
+                folder's dataset is of another region or target (always).
+            OutputPathError: a parent of the folder is a file or not writable.
+        """
+        check_output(self.root, kind=RUN_FOLDER, overwrite=overwrite or self.looks_like_run(), name="--out")
+        for path in (self.dataset, self.metrics_csv, self.metrics_json, *(self.model(k) for k in kinds)):
+            check_output(path, overwrite=overwrite)
+        if self.dataset.is_file():
+            held = SpatialDataset.load(self.dataset)
+            if (held.region.name, held.region.code, held.target) != (
+                dataset.region.name, dataset.region.code, dataset.target
+            ):
+                raise OutputExistsError(
+                    f"{self.root} holds a {held.target} dataset of {held.region.name}, not {dataset.target} of "
+                    f"{dataset.region.name}; fit into another run folder"
+                )
+
+    def save_fits(
+        self,
+        dataset: SpatialDataset,
+        models: dict[str, GeoModel],
+        results: dict[str, pd.DataFrame],
+        *,
+        overwrite: bool = False,
+        timeout_s: float | None = None,
+    ) -> pd.DataFrame:
+        """Add fitted ``models`` with their test metrics ``results`` (:func:`evaluate_on_test` per
+        kind) to the run folder and return the merged metrics table.
+
+        Under the folder's lock (waiting up to ``timeout_s``, default :data:`RUN_LOCK_TIMEOUT_S`,
+        then :class:`geodbk.errors.FolderBusyError`), the checks of :meth:`check_fits` run again,
+        the metrics rows of models fitted earlier are kept (those of ``models``' kinds replaced),
+        and the models, both metrics files, the dataset (when the folder has none) and the
+        folder's marker are committed together (:class:`geodbk.fileio.FolderCommit`).
+        """
+        with folder_lock(self.root, timeout_s=RUN_LOCK_TIMEOUT_S if timeout_s is None else timeout_s):
+            self.check_fits(dataset, list(models), overwrite=overwrite)
+            table = metrics_table(results)
+            if self.metrics_csv.is_file():
+                earlier = pd.read_csv(self.metrics_csv)
+                if "model" in earlier.columns:
+                    table = pd.concat([earlier[~earlier["model"].isin(list(models))], table], ignore_index=True)
+            commit = FolderCommit(self.root, overwrite=overwrite)
+            try:
+                staged = RunFolder(commit.staging)
+                if not self.dataset.exists():
+                    dataset.save(staged.dataset)
+                for kind, model in models.items():
+                    model.save(staged.model(kind))
+                save_metrics(table, staged.root)
+                if output_kind(self.root) != RUN_FOLDER:
+                    (staged.root / MARKER).write_text(RUN_FOLDER + "\n")
+                commit.commit()
+            finally:
+                commit.discard()
+        return table
 
 
 @dataclass
@@ -202,6 +275,7 @@ def run_demo(
     config: DemoConfig | None = None,
     *,
     echo: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> DemoResult:
     """Run the whole job and write the run folder ``out_dir``, atomically.
 
@@ -217,19 +291,16 @@ def run_demo(
     is left as it was.
 
     Raises:
-        InputDataError: no model kinds, or ``out_dir`` holds something other than a run
-            folder (which the swap would delete).
+        InputDataError: no model kinds.
+        OutputExistsError: ``out_dir`` holds something other than an empty folder or a run
+            folder geodbk wrote (which the swap would delete), unless ``overwrite``.
     """
     cfg = config or DemoConfig()
     if not cfg.models:
         raise InputDataError("no model kinds to fit")
     final = RunFolder(Path(out_dir))
-    if not final.looks_like_run():
-        raise InputDataError(
-            f"{final.root} exists and is not a run folder; the demo replaces its output folder as a whole, "
-            "so give a new or empty folder"
-        )
-    with atomic_dir(final.root) as staging:
+    check_output(final.root, kind=RUN_FOLDER, overwrite=overwrite, name="--out")  # before minutes of fitting
+    with atomic_dir(final.root, kind=RUN_FOLDER, overwrite=overwrite) as staging:
         result = _run_demo_into(RunFolder(staging), final, cfg, echo)
     return result
 

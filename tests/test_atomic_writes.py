@@ -18,7 +18,7 @@ import pytest
 import shapely
 import xarray as xr
 
-from geodbk.fileio import atomic_dir, atomic_path
+from geodbk.fileio import MARKER, ZARR_STORE, atomic_dir, atomic_path
 from geodbk.fit.metrics import save_metrics
 from geodbk.io.cubes import write_netcdf, write_zarr
 from geodbk.io.geotiff import write_geotiff
@@ -72,22 +72,23 @@ def test_atomic_path_keeps_the_old_file_on_failure_and_replaces_it_on_success(tm
 
 def test_atomic_dir_swaps_whole_folders_and_keeps_the_old_one_on_failure(tmp_path) -> None:
     target = tmp_path / "store.zarr"
-    (target / "sub").mkdir(parents=True)
-    (target / "sub" / "old.txt").write_text("old")
-    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+    with atomic_dir(target, kind=ZARR_STORE) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError), atomic_dir(target, kind=ZARR_STORE) as tmp:
         (tmp / "new.txt").write_text("half")
         raise RuntimeError("crash")
     assert (target / "sub" / "old.txt").read_text() == "old" and everything(tmp_path) == ["store.zarr"]
-    with atomic_dir(target) as tmp:
+    with atomic_dir(target, kind=ZARR_STORE) as tmp:
         (tmp / "new.txt").write_text("new")
         assert not (target / "new.txt").exists()
-    assert everything(target) == ["new.txt"] and everything(tmp_path) == ["store.zarr"]
-    # a folder can also replace a file, and a fresh target appears whole
-    (tmp_path / "plain").write_text("file")
-    for name in ("plain", "fresh"):
-        with atomic_dir(tmp_path / name) as tmp:
+    assert everything(target) == [MARKER, "new.txt"] and everything(tmp_path) == ["store.zarr"]
+    # an empty folder and a missing target are replaced too, and the folder appears whole
+    (tmp_path / "empty").mkdir()
+    for name in ("empty", "fresh"):
+        with atomic_dir(tmp_path / name, kind=ZARR_STORE) as tmp:
             (tmp / "a").write_text("a")
-        assert everything(tmp_path / name) == ["a"]
+        assert everything(tmp_path / name) == [MARKER, "a"]
 
 
 # --- an exception inside a sink's write -----------------------------------------------------
@@ -206,6 +207,7 @@ def test_crashed_demo_leaves_the_previous_run_folder(tmp_path, monkeypatch) -> N
     run.model("dbk-rbf").parent.mkdir(parents=True)
     run.dataset.write_bytes(b"previous run")
     run.model("dbk-rbf").write_bytes(b"previous model")
+    (run.root / MARKER).write_text("run\n")
 
     def crash(*args, **kwargs):
         raise RuntimeError("injected: out of memory while drawing the maps")
@@ -215,13 +217,13 @@ def test_crashed_demo_leaves_the_previous_run_folder(tmp_path, monkeypatch) -> N
     with pytest.raises(RuntimeError, match="injected"):
         run_demo(run.root, config, echo=lambda line: None)
     assert run.dataset.read_bytes() == b"previous run" and run.model("dbk-rbf").read_bytes() == b"previous model"
-    assert everything(run.root) == ["dataset.parquet", "models"] and everything(tmp_path) == ["run"]
+    assert everything(run.root) == [MARKER, "dataset.parquet", "models"] and everything(tmp_path) == ["run"]
 
 
 def test_demo_refuses_to_replace_a_folder_that_is_not_a_run(tmp_path) -> None:
-    from geodbk.errors import InputDataError
+    from geodbk.errors import OutputExistsError
 
     (tmp_path / "thesis.tex").write_text("precious")
-    with pytest.raises(InputDataError, match="not a run folder"):
+    with pytest.raises(OutputExistsError, match="not a run folder"):
         run_demo(tmp_path, DemoConfig(models=("knn",)), echo=lambda line: None)
     assert everything(tmp_path) == ["thesis.tex"]

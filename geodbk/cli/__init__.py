@@ -5,11 +5,16 @@ Each subcommand is a thin wrapper over the public API, one module per group:
 and :mod:`geodbk.cli.jobs` (serve, demo); shared options and checks are in
 :mod:`geodbk.cli.options`.
 
-Every failure caused by bad input is one line on stderr, ``geodbk <command>: error: ...``,
-with exit status 2: argument errors (unknown options, bad choices, non-numbers) as well as
-:class:`geodbk.errors.GeodbkError` raised by the checks and the API (missing or foreign files,
-unknown model kinds, bad quarters or resolutions, non-finite training loss, extrapolation
-refused). Warnings are printed as one line each too.
+Every failure is one line on stderr, ``geodbk <command>: error: ...``
+(:mod:`geodbk.cli.failures`): exit status 2 for bad input (unknown options, bad choices,
+non-numbers, non-finite values, :class:`geodbk.errors.GeodbkError` raised by the checks and
+the API), for what the system refuses (an unwritable folder, a full disk, a parent path that
+is a file) and for resource limits (out of memory); 130 after Ctrl-C, 143 after SIGTERM (staged
+outputs are removed in both cases); 1 for a failure no check foresaw. ``--debug`` shows the
+traceback instead. Warnings are printed as one line each too.
+
+Every writing subcommand takes ``--overwrite``: replace whatever stands at its outputs (by
+default an output replaces only its own kind of thing, :func:`geodbk.fileio.check_output`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from geodbk.cli import data, jobs, maps
-from geodbk.errors import GeodbkError
+from geodbk.cli.failures import USAGE_ERROR, failure, one_line, sigterm_as_exception
+from geodbk.fileio import overwrite_allowed
 
-#: Exit status of every failure caused by bad input.
-USAGE_ERROR = 2
+#: Subcommands that write files, each with ``--overwrite``.
+WRITING_COMMANDS = ("ingest", "fit", "predict", "summarize", "export", "demo")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,7 +38,7 @@ class OneLineParser(argparse.ArgumentParser):
     (argparse's own prints the whole usage first)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,31 +48,44 @@ def build_parser() -> argparse.ArgumentParser:
         prog="geodbk",
         description="Deep Basis Kernel GP maps of mobile internet quality from Ookla tiles.",
     )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure (default: one line)")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (
         data._add_ingest, data._add_fit, maps._add_predict, maps._add_summarize, maps._add_export,
         jobs._add_serve, jobs._add_demo,
     ):
         add(sub)
+    for name, command in sub.choices.items():
+        # after the subcommand too; SUPPRESS keeps a --debug given before it
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the traceback of a failure (default: one line)")
+        if name in WRITING_COMMANDS:
+            command.add_argument("--overwrite", action="store_true",
+                                 help="replace whatever stands at the output paths (default: an output "
+                                 "replaces only a file, or a store or run folder that geodbk wrote)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``geodbk`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status:
-    0, or 2 after one ``error:`` line on stderr for bad input."""
+    """Run ``geodbk`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status: 0, or
+    after one ``error:`` line on stderr 2 (bad input, system refusals, resource limits), 130
+    (Ctrl-C), 143 (SIGTERM) or 1 (a bug); see :mod:`geodbk.cli.failures`."""
     args = build_parser().parse_args(argv)
 
-    def one_line(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        print(f"geodbk {args.command}: warning: {message}", file=sys.stderr)
+    def print_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                      line: Any = None) -> None:
+        print(f"geodbk {args.command}: warning: {one_line(str(message))}", file=sys.stderr)
 
     try:
-        with warnings.catch_warnings():  # restores the default printer afterwards
-            warnings.showwarning = one_line
+        with warnings.catch_warnings(), sigterm_as_exception(), overwrite_allowed(getattr(args, "overwrite", False)):
+            warnings.showwarning = print_warning  # catch_warnings restores the default printer afterwards
             return int(args.handler(args))
-    except GeodbkError as err:
-        text = " ".join(str(err).split())  # one line, whatever the message holds
+    except (Exception, KeyboardInterrupt) as err:
+        if args.debug:
+            raise
+        status, text = failure(err)
         print(f"geodbk {args.command}: error: {text}", file=sys.stderr)
-        return USAGE_ERROR
+        return status
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["WRITING_COMMANDS", "build_parser", "main"]

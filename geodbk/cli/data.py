@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from geodbk.cli.options import add_split_options, check_positive, check_split_options
+from geodbk.cli.options import add_split_options, check_device, check_positive, check_split_options, finite_float
 
 
 def _add_ingest(sub: argparse._SubParsersAction) -> None:
@@ -25,9 +25,9 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quarters", help="comma-separated quarters to keep, e.g. 2023Q1,2023Q4 (default all)")
     p.add_argument("--urban-areas", metavar="PATH_OR_URL",
                    help="Census 2020 Urban Area polygons (default: county urban share)")
-    p.add_argument("--urban-threshold", type=float, default=0.5,
+    p.add_argument("--urban-threshold", type=finite_float, default=0.5,
                    help="county route: urban when the county urban population share >= this")
-    p.add_argument("--buffer", type=float, default=None, metavar="DEG",
+    p.add_argument("--buffer", type=finite_float, default=None, metavar="DEG",
                    help="grow the region polygon by this many degrees before clipping (default 0.01)")
     add_split_options(p)
     p.add_argument("--cache-dir", help="download cache folder")
@@ -119,13 +119,13 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    help="one noise variance instead of sigma0^2 + sigma1^2/tests (space-time protocol)")
     p.add_argument("--encoding-scales", type=int,
                    help="wavelengths of the positional encoding (default 8; 0 = none; paper protocol: 0)")
-    p.add_argument("--min-wavelength", type=float, default=None, metavar="METRES",
+    p.add_argument("--min-wavelength", type=finite_float, default=None, metavar="METRES",
                    help="shortest positional-encoding wavelength, metres (default 1000, about 2 tiles)")
     p.add_argument("--epochs", type=int, help="maximum training epochs (default 40; 400 with --paper-size)")
     p.add_argument("--hidden", type=int, help="backbone width h (default 64; 256 with --paper-size)")
     p.add_argument("--rank", type=int, help="basis rank / inducing points r (default 128; 1024 with --paper-size)")
     p.add_argument("--paper-size", action="store_true", help="the paper's h=256, r=1024, 400 epochs, lr 1e-3")
-    p.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-2; 1e-3 with --paper-size)")
+    p.add_argument("--lr", type=finite_float, help="AdamW learning rate (default 1e-2; 1e-3 with --paper-size)")
     p.add_argument("--batch-size", type=int, help="mini-batch size (default 1024)")
     p.add_argument("--patience", type=int, default=50,
                    help="stop after this many epochs without a better validation NLL (default 50)")
@@ -195,6 +195,7 @@ def _check_fit(args: argparse.Namespace) -> None:
         raise InputDataError(f"unknown or no model kinds {unknown}; known: {', '.join(available_models())}")
     check_positive(args, ("epochs", "hidden", "rank", "batch_size", "patience", "nproc"))
     check_split_options(args)
+    check_device(args.device, allow_auto=True)
     if args.lr is not None and not args.lr > 0:
         raise InputDataError(f"--lr must be positive, got {args.lr}")
     if args.encoding_scales is not None and args.encoding_scales < 0:
@@ -213,11 +214,9 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     import time
     from pathlib import Path
 
-    import pandas as pd
-
     from geodbk.dataset.spatial_dataset import SpatialDataset
     from geodbk.fit.geomodel import fit_dataset
-    from geodbk.fit.metrics import format_metrics_table, metrics_table, save_metrics
+    from geodbk.fit.metrics import format_metrics_table
     from geodbk.fit.protocol import MIN_WAVELENGTH_M, map_model_config
     from geodbk.models.config import check_model_size, run_preset
     from geodbk.workflow import RunFolder, evaluate_on_test
@@ -244,6 +243,8 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     n_train = int((dataset.frame["split"] == "train").sum())
     check_model_size(model_config, 3, n_train, allow_large=args.allow_large_model)  # before any tensor
     run = RunFolder(Path(args.out))
+    if main:  # the run folder is checked before training, and again when the fits are saved
+        run.check_fits(dataset, kinds)
     echo(f"{args.protocol} protocol, {dataset.split_protocol} split: "
          + ", ".join(f"{s} {int((dataset.frame['split'] == s).sum()):,}" for s in ("train", "val", "test")))
     results, models = {}, {}
@@ -259,17 +260,9 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
              f"{time.perf_counter() - start:.0f} s")
     if not main:
         return 0
-    table = metrics_table(results)
-    if run.metrics_csv.exists():  # keep rows of models fitted earlier into this run
-        earlier = pd.read_csv(run.metrics_csv)
-        table = pd.concat([earlier[~earlier["model"].isin(kinds)], table], ignore_index=True)
-    # every file is written atomically, and only once all fits succeeded: a failed fit leaves
-    # the run folder as it was, never models without their metrics rows
-    if not run.dataset.exists():
-        dataset.save(run.dataset)
-    for kind, model in models.items():
-        model.save(run.model(kind))
-    save_metrics(table, run.root)
+    # saved only once all fits succeeded, models and metrics together under the folder's lock:
+    # a failed or killed fit leaves the run folder as it was, and earlier models' rows are kept
+    table = run.save_fits(dataset, models, results)
     echo(format_metrics_table(table))
     return 0
 

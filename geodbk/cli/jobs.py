@@ -9,6 +9,8 @@ from typing import Any
 from geodbk.cli.options import (
     add_extrapolation_option,
     add_map_options,
+    check_device,
+    check_listen_address,
     check_map_options,
     parse_change,
     parse_quarter,
@@ -49,6 +51,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise InputDataError(f"the dashboard app is not at {app}; serve from a source checkout (pip install -e .)")
     if not 0 < args.port < 65536:
         raise InputDataError(f"--port must be in 1..65535, got {args.port}")
+    check_listen_address(args.address, args.port)
     runs = [str(Path(run).resolve()) for run in (args.run or ["outputs/demo"])]
     origins = {f"{host}:{args.port}" for host in (args.address, "127.0.0.1", "localhost")}
     cmd = [sys.executable, "-m", "panel", "serve", str(app), "--port", str(args.port), "--address", args.address]
@@ -127,6 +130,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.no_threshold:
         raise InputDataError("the demo always maps P(below the benchmark); give --threshold MBPS to change it")
     check_map_options(args)
+    if args.device is not None:
+        check_device(args.device, allow_auto=True)
     if args.epochs is not None and args.epochs < 1:
         raise InputDataError(f"--epochs must be >= 1, got {args.epochs}")
     given: dict = {

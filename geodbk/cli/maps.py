@@ -13,8 +13,10 @@ import argparse
 from geodbk.cli.options import (
     add_extrapolation_option,
     add_map_options,
+    check_device,
     check_domain,
     check_map_options,
+    finite_float,
     parse_change,
     parse_quarter,
     parse_quarter_list,
@@ -91,7 +93,9 @@ def _run_predict(args: argparse.Namespace) -> int:
         from geodbk.maps.parallel import parse_scheduler
 
         parse_scheduler(args.dask_scheduler)
-    check_store(args.out, parallel=args.dask_scheduler is not None, name="--out")  # before the model loads
+    inputs = [args.model, *([args.dataset] if args.dataset else [])]
+    check_store(args.out, parallel=args.dask_scheduler is not None, name="--out", inputs=inputs)  # before the model loads
+    check_device(args.device)
     when: str | list[str] | None = None if args.quarter is None else parse_quarter(args.quarter)
     change = parse_change(args.change)
     check_map_options(args)
@@ -180,6 +184,7 @@ def _run_export(args: argparse.Namespace) -> int:
         raise InputDataError("--grid needs an output: --geotiff, --netcdf or --zarr")
     if args.test_tiles and not (args.model and args.dataset):
         raise InputDataError("--test-tiles needs --model and --dataset")
+    _check_export_outputs(args)
     if args.grid:
         from geodbk.io.cubes import write_netcdf, write_zarr
         from geodbk.io.geotiff import GEOTIFF_NODATA, write_geotiff
@@ -206,6 +211,18 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_export_outputs(args: argparse.Namespace) -> None:
+    """Every output of ``geodbk export``, before any is written: none is an input or holds one,
+    and each replaces only its own kind of thing (:func:`geodbk.fileio.check_output`)."""
+    from geodbk.fileio import ZARR_STORE, check_output
+
+    inputs = [path for path in (args.grid, args.model, args.dataset) if path]
+    for flag, path, kind in (("--geotiff", args.geotiff, None), ("--netcdf", args.netcdf, None),
+                             ("--zarr", args.zarr, ZARR_STORE), ("--test-tiles", args.test_tiles, None)):
+        if path:
+            check_output(path, kind=kind, inputs=inputs, name=flag)
+
+
 def _add_summarize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "summarize",
@@ -228,7 +245,7 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resolution", default=None,
                    help="side of the averaging cells: degrees, or e.g. 500m (default 0.005 degrees, about one tile)")
     level = p.add_mutually_exclusive_group()
-    level.add_argument("--threshold", type=float, metavar="MBPS",
+    level.add_argument("--threshold", type=finite_float, metavar="MBPS",
                        help="benchmark of share_below (default: FCC 35/3 Mbps mobile, 100/20 fixed)")
     level.add_argument("--no-threshold", action="store_true", help="leave share_below out")
     p.add_argument("--all-polygons", action="store_true",
@@ -241,6 +258,7 @@ def _run_summarize(args: argparse.Namespace) -> int:
     import time
 
     from geodbk.errors import InputDataError
+    from geodbk.fileio import check_output
     from geodbk.fit.geomodel import GeoModel
     from geodbk.ingest.regions import load_region, read_polygons
     from geodbk.maps.summaries import (
@@ -253,6 +271,7 @@ def _run_summarize(args: argparse.Namespace) -> int:
 
     if not args.out.lower().endswith(SUMMARY_FORMATS):
         raise InputDataError(f"--out must end in one of {', '.join(SUMMARY_FORMATS)}, got {args.out}")
+    check_output(args.out, inputs=[args.model, args.polygons], name="--out")
     quarter = None if args.quarter is None else parse_quarter(args.quarter)
     check_map_options(args)
     model = GeoModel.load(args.model)

@@ -1,13 +1,15 @@
 """Options and checks shared by several ``geodbk`` subcommands.
 
 Every check raises :class:`geodbk.errors.InputDataError`, which :func:`geodbk.cli.main`
-prints as one line with exit status 2. Heavy modules (torch, geopandas) are imported inside
-the functions, so ``geodbk --help`` stays fast.
+prints as one line with exit status 2; :func:`finite_float` is an argparse type, so a
+non-finite value is an argparse error (one line, exit status 2) too. Heavy modules (torch,
+geopandas) are imported inside the functions, so ``geodbk --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,65 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 DOMAIN_SAMPLE_SIDE = 64
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (``nan``, ``inf`` and non-numbers are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"needs a finite number, got {text!r}")
+    return value
+
+
+def check_device(text: str, *, flag: str = "--device", allow_auto: bool = False) -> None:
+    """Raise unless torch can use device ``text`` here (``auto`` too if ``allow_auto``): a known
+    device type, and CUDA present with that many GPUs for ``cuda``/``cuda:N``."""
+    import torch
+
+    if allow_auto and text == "auto":
+        return
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise InputDataError(f"{flag} {text!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputDataError(f"{flag} {text}: CUDA is not available (this torch build or machine has no "
+                                 "usable GPU); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputDataError(f"{flag} {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise InputDataError(f"{flag} {text}: Apple MPS is not available here; use --device cpu")
+    elif device.type != "cpu":
+        raise InputDataError(f"{flag} {text}: geodbk runs on cpu, cuda or mps devices")
+
+
+def check_listen_address(address: str, port: int) -> None:
+    """Raise unless this machine can listen on ``address:port`` (a name or IP address of its own,
+    and the port free); warn that the dashboard has no authentication when ``address`` is reachable
+    from other machines (anything but loopback)."""
+    import ipaddress
+    import socket
+    import warnings
+
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise InputDataError(f"--address {address!r} is not a host name or IP address here ({reason})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as err:
+            raise InputDataError(f"cannot listen on {address}:{port}: {err.strerror or err}") from None
+    if not ipaddress.ip_address(sockaddr[0]).is_loopback:
+        warnings.warn(f"--address {address} lets other machines open the dashboard, which has no authentication; "
+                      "anyone who can reach this port sees the run folders", UserWarning, stacklevel=2)
+
+
 def add_split_options(p: argparse.ArgumentParser, *, keep: bool = False) -> None:
     """--split, --block-km and --seed (ingest and fit)."""
     default = "the dataset's own split" if keep else "random"
@@ -27,7 +88,7 @@ def add_split_options(p: argparse.ArgumentParser, *, keep: bool = False) -> None
                    help=f"train/val/test protocol (default: {default}). random: 8:1:1 over (tile, quarter) rows, "
                    "so a test tile's other quarters can be in training (optimistic); spatial-block: whole "
                    "blocks of --block-km held out (unseen places); forecast: test on the last quarter")
-    p.add_argument("--block-km", type=float, default=10.0,
+    p.add_argument("--block-km", type=finite_float, default=10.0,
                    help="block side of the spatial-block split, km (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split (and of the fits) (default 0)")
 
@@ -44,11 +105,11 @@ def add_map_options(p: argparse.ArgumentParser) -> None:
                    help="add change layers between two quarters, e.g. 2022Q4:2023Q4: mean change, its "
                    "joint-posterior sd, P(increase) and the change of the median in Mbps (GP models)")
     level = p.add_mutually_exclusive_group()
-    level.add_argument("--threshold", type=float, metavar="MBPS",
+    level.add_argument("--threshold", type=finite_float, metavar="MBPS",
                        help="p_below layer: P(tile-mean speed < MBPS) (default: the FCC benchmark, "
                        "35/3 Mbps down/up for mobile tiles, 100/20 for fixed; none for latency)")
     level.add_argument("--no-threshold", action="store_true", help="leave the p_below layer out")
-    p.add_argument("--max-distance", type=float, metavar="METRES",
+    p.add_argument("--max-distance", type=finite_float, metavar="METRES",
                    help="leave cells farther than this from any training tile empty (default: no limit)")
 
 
@@ -149,10 +210,13 @@ __all__ = [
     "add_map_options",
     "add_split_options",
     "area_sample",
+    "check_device",
+    "check_listen_address",
     "check_domain",
     "check_map_options",
     "check_positive",
     "check_split_options",
+    "finite_float",
     "parse_change",
     "parse_quarter",
     "parse_quarter_list",

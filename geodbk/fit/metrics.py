@@ -118,12 +118,15 @@ def format_metrics_table(table: pd.DataFrame) -> str:
     return shown.to_string(index=False)
 
 
-def save_metrics(table: pd.DataFrame, run_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``metrics.csv`` and ``metrics.json`` (list of records) into ``run_dir``, each atomically."""
+def save_metrics(table: pd.DataFrame, run_dir: str | Path, *, overwrite: bool = False) -> tuple[Path, Path]:
+    """Write ``metrics.csv`` and ``metrics.json`` (list of records) into ``run_dir``, each atomically
+    (a folder at either path is replaced only with ``overwrite``). To change them together with
+    other files of a run folder, write into a :class:`geodbk.fileio.FolderCommit`'s staging
+    folder (:meth:`geodbk.workflow.RunFolder.save_fits`)."""
     run_dir = Path(run_dir)
     csv_path, json_path = run_dir / "metrics.csv", run_dir / "metrics.json"
-    with atomic_path(csv_path) as tmp:
+    with atomic_path(csv_path, overwrite=overwrite) as tmp:
         table.to_csv(tmp, index=False)
-    with atomic_path(json_path) as tmp:
+    with atomic_path(json_path, overwrite=overwrite) as tmp:
         tmp.write_text(json.dumps(table.to_dict(orient="records"), indent=2))
     return csv_path, json_path

@@ -373,9 +373,10 @@ class Regressor:
         return cls.from_payload(read_payload(path, device), device)
 
 
-def write_payload(payload: dict[str, Any], path: str | Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then rename: never half-written."""
-    with atomic_path(path) as tmp:
+def write_payload(payload: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename: never half-written; a folder
+    at ``path`` is replaced only with ``overwrite`` (:func:`geodbk.fileio.atomic_path`)."""
+    with atomic_path(path, overwrite=overwrite) as tmp:
         torch.save(payload, tmp)
 
 

@@ -125,10 +125,13 @@ class DBKAccessor:
             raise InputDataError("the grid has no threshold attribute; give a threshold in data units")
         return check_threshold(self._ds.attrs["threshold"])
 
-    def to_geotiff(self, path: str | Path, variables: Sequence[str] | None = None, *, cog: bool = False) -> Path:
+    def to_geotiff(
+        self, path: str | Path, variables: Sequence[str] | None = None, *, cog: bool = False, overwrite: bool = False
+    ) -> Path:
         """Write the grid with :func:`geodbk.io.geotiff.write_geotiff` (one float32 band per
-        variable and quarter; ``cog=True`` for a Cloud-Optimized GeoTIFF); returns the path."""
-        return write_geotiff(self._ds, path, variables=variables, cog=cog)
+        variable and quarter; ``cog=True`` for a Cloud-Optimized GeoTIFF; ``overwrite`` replaces a
+        folder at ``path``); returns the path."""
+        return write_geotiff(self._ds, path, variables=variables, cog=cog, overwrite=overwrite)
 
 
 def _interval(mean: np.ndarray, sd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

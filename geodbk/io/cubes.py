@@ -2,7 +2,9 @@
 
 Both writers are atomic (:mod:`geodbk.fileio`): the output is written to a hidden temporary
 beside the target and renamed into place when complete, so a failure leaves an older file or
-store at the target as it was.
+store at the target as it was. A NetCDF file replaces a file, a Zarr store an empty folder or a
+store geodbk wrote; anything else only with ``overwrite`` (:func:`geodbk.fileio.check_output`).
+A failed write raises OSError, ENOSPC for a full disk (which netCDF reports as "HDF error").
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from geodbk.fileio import atomic_dir, atomic_path
+from geodbk.fileio import ZARR_STORE, atomic_dir, atomic_path, write_failure
 
 
-def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
+def write_netcdf(ds: xr.Dataset, path: str | Path, *, overwrite: bool = False) -> Path:
     """Write the whole grid dataset to NetCDF-4 (zlib-compressed float32, CRS in ``spatial_ref``)."""
     path = Path(path)
     encoding = {}
@@ -24,19 +26,22 @@ def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
         if np.issubdtype(ds[name].dtype, np.floating):
             enc.update(zlib=True, complevel=4, _FillValue=np.float32(np.nan))
         encoding[name] = enc
-    with atomic_path(path) as tmp:
-        ds.to_netcdf(tmp, mode="w", engine="netcdf4", encoding=encoding)
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        try:
+            ds.to_netcdf(tmp, mode="w", engine="netcdf4", encoding=encoding)
+        except Exception as err:  # netCDF4 raises RuntimeError or OSError, often with a wrong errno
+            raise write_failure(path, err) from err
     return path
 
 
-def write_zarr(ds: xr.Dataset, path: str | Path) -> Path:
-    """Write the whole grid dataset to a Zarr store (a folder), replacing one that is there."""
+def write_zarr(ds: xr.Dataset, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write the whole grid dataset to a Zarr store (a folder), replacing a store geodbk wrote there."""
     path = Path(path)
     clean = ds.copy()
     for name in clean.variables:
         grid_mapping = clean[name].encoding.get("grid_mapping")
         clean[name].encoding = {"grid_mapping": grid_mapping} if grid_mapping else {}
-    with atomic_dir(path) as tmp:
+    with atomic_dir(path, kind=ZARR_STORE, overwrite=overwrite) as tmp:
         clean.to_zarr(tmp, mode="w", consolidated=False)
     return path
 

@@ -3,15 +3,22 @@ descriptions from the variable names, nodata outside the region."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
+import rasterio
 import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
 from geodbk.errors import InputDataError
-from geodbk.fileio import atomic_path
+from geodbk.fileio import atomic_path, write_failure
 
 #: Nodata value written to GeoTIFFs (float32 bands); cells outside the region get it.
 GEOTIFF_NODATA = -9999.0
@@ -79,6 +86,7 @@ def write_geotiff(
     cog: bool = False,
     nodata: float = GEOTIFF_NODATA,
     compress: str = "DEFLATE",
+    overwrite: bool = False,
 ) -> Path:
     """Write grid variables as a multi-band float32 GeoTIFF.
 
@@ -97,9 +105,14 @@ def write_geotiff(
         Value of cells outside the region (NaN in the grid).
     compress
         GDAL compression.
+    overwrite
+        Replace a folder standing at ``path`` (a file there is always replaced).
 
     Returns the path. Band descriptions are the variable names; each band also carries
-    ``name`` and ``units`` tags. The file is written atomically (:func:`geodbk.fileio.atomic_path`).
+    ``name`` and ``units`` tags. The file is written atomically (:func:`geodbk.fileio.atomic_path`)
+    and checked: GDAL reports some write errors (a full disk among them) only on its stderr, so
+    every block of the staged file is read back before it replaces the target, and any failure
+    raises OSError (ENOSPC for a full disk) with what GDAL printed.
     """
     if ds.rio.crs is None:
         raise InputDataError("grid has no CRS (spatial_ref); build it with geodbk.maps.predict.predict_grid")
@@ -110,17 +123,49 @@ def write_geotiff(
     bands.rio.write_nodata(nodata, inplace=True)
     bands.rio.write_crs(ds.rio.crs, inplace=True)
     bands.rio.write_transform(ds.rio.transform(), inplace=True)
-    options = {"compress": compress}
-    with atomic_path(path) as tmp:
-        if cog:
-            bands.rio.to_raster(
-                tmp, driver="COG", overview_resampling="average", blocksize=256, recalc_transform=False, **options
-            )
-        else:
-            bands.rio.to_raster(
-                tmp, driver="GTiff", tiled=True, blockxsize=256, blockysize=256, recalc_transform=False, **options
-            )
+    if cog:
+        options = {"driver": "COG", "overview_resampling": "average", "blocksize": 256}
+    else:
+        options = {"driver": "GTiff", "tiled": True, "blockxsize": 256, "blockysize": 256}
+    with atomic_path(path, overwrite=overwrite) as tmp, _gdal_stderr() as printed:
+        try:
+            bands.rio.to_raster(tmp, recalc_transform=False, compress=compress, **options)
+            _read_every_block(tmp)
+        except Exception as err:  # GDAL's error classes are many; all mean the file is not good
+            raise write_failure(path, err, _text(printed)) from err
+        messages = _text(printed)
+    for line in messages.splitlines():
+        warnings.warn(f"GDAL: {line}", RuntimeWarning, stacklevel=2)
     return path
+
+
+def _read_every_block(path: Path) -> None:
+    """Read each block of each band: a file GDAL failed to write in full raises here."""
+    with rasterio.open(path) as src:
+        for band in src.indexes:
+            for _, window in src.block_windows(band):
+                src.read(band, window=window)
+
+
+@contextmanager
+def _gdal_stderr() -> Iterator[BinaryIO]:
+    """Collect what C libraries print on file descriptor 2 (GDAL, libtiff) in a temporary file
+    instead of the terminal, so that a failure is one line (with the printed cause)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as printed:
+        os.dup2(printed.fileno(), 2)
+        try:
+            yield printed
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _text(printed: BinaryIO) -> str:
+    """What was collected so far, stripped."""
+    printed.seek(0)
+    return printed.read().decode(errors="replace").strip()
 
 
 __all__ = ["GEOTIFF_NODATA", "geotiff_bands", "write_geotiff"]

@@ -32,6 +32,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.fileio import ZARR_STORE, check_output
 from geodbk.maps.geometry import CellLocator, RegionLike, RegularGrid
 from geodbk.maps.schema import GridLayers, SpatialPredictor, grid_template
 from geodbk.maps.stores import BlockSink, MemorySink, NetCDFSink, ZarrRegions, ZarrSink
@@ -56,6 +57,7 @@ def predict_grid(
     store: str | Path | None = None,
     progress: bool = True,
     client: Client | str | None = None,
+    overwrite: bool = False,
 ) -> xr.Dataset:
     """Predict ``model`` on every cell of ``grid`` inside the region, one row block at a time.
 
@@ -91,7 +93,9 @@ def predict_grid(
         return it opened lazily; without it the result is built in memory. The store is
         written atomically: blocks go to a hidden temporary beside it that is renamed into
         place at the end (:mod:`geodbk.fileio`); on any failure it is removed and an older
-        store at the path is left as it was.
+        store at the path is left as it was. An existing ``store`` is replaced only if it is
+        the same kind of thing (a file for ``*.nc``; an empty folder or a Zarr store geodbk
+        wrote for ``*.zarr``), see :func:`geodbk.fileio.check_output`.
     progress
         Show a tqdm bar over blocks.
     client
@@ -102,6 +106,8 @@ def predict_grid(
         blocks into it themselves) and geodbk installed on the workers; the model is sent to
         each worker once. The result equals the serial one exactly; see
         :mod:`geodbk.maps.parallel`.
+    overwrite
+        Replace whatever stands at ``store``.
 
     Returns
     -------
@@ -119,11 +125,12 @@ def predict_grid(
     rows_per_block = min(rows_per_block, grid.height)
     if max_distance is not None and not max_distance > 0:
         raise InputDataError(f"max_distance must be positive metres, got {max_distance}")
-    check_store(store, parallel=client is not None)
+    check_store(store, parallel=client is not None, overwrite=overwrite)
     sink = _open_sink(
         grid_template(grid, model, layers, lazy=store is not None, chunk_rows=rows_per_block,
                       max_distance=max_distance),
         store,
+        overwrite=overwrite,
     )
     blocks = list(grid.blocks(rows_per_block))
     job = GridJob(model, grid, layers, max_distance, sink)
@@ -141,9 +148,18 @@ def predict_grid(
     return finished
 
 
-def check_store(store: str | Path | None, *, parallel: bool, name: str = "store") -> None:
-    """Raise unless ``store`` is a path this run can write (a Zarr store for a Dask cluster);
-    ``name`` is what the message calls it (``"--out"`` in the CLI)."""
+def check_store(
+    store: str | Path | None,
+    *,
+    parallel: bool,
+    name: str = "store",
+    overwrite: bool = False,
+    inputs: Sequence[str | Path] = (),
+) -> None:
+    """Raise unless ``store`` is a path this run can write (a Zarr store for a Dask cluster) that
+    destroys nothing (:func:`geodbk.fileio.check_output`: not one of ``inputs``, nor holding one,
+    and replacing only its own kind unless ``overwrite``); ``name`` is what the message calls it
+    (``"--out"`` in the CLI)."""
     suffix = None if store is None else Path(store).suffix
     given = "none" if store is None else Path(store).name
     if parallel and suffix != ".zarr":
@@ -152,14 +168,19 @@ def check_store(store: str | Path | None, *, parallel: bool, name: str = "store"
         )
     if store is not None and suffix not in (".zarr", ".nc", ".nc4"):
         raise InputDataError(f"{name} must end in .nc or .zarr, got {given}")
+    if store is not None:
+        kind = ZARR_STORE if suffix == ".zarr" else None
+        check_output(store, kind=kind, overwrite=overwrite, inputs=inputs, name=name)
 
 
-def _open_sink(template: xr.Dataset, store: str | Path | None) -> BlockSink:
+def _open_sink(template: xr.Dataset, store: str | Path | None, *, overwrite: bool) -> BlockSink:
     """Where the blocks go: the template itself, or a Zarr / NetCDF store staged at ``store``."""
     if store is None:
         return MemorySink(template)
     path = Path(store)
-    return ZarrSink(template, path) if path.suffix == ".zarr" else NetCDFSink(template, path)
+    if path.suffix == ".zarr":
+        return ZarrSink(template, path, overwrite=overwrite)
+    return NetCDFSink(template, path, overwrite=overwrite)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,9 @@ finished dataset (GeoTIFF/COG, NetCDF, Zarr) and the vector formats.
 The file sinks stream into a hidden temporary beside the target
 (:class:`geodbk.fileio.StagedPath`) and rename it into place in :meth:`BlockSink.finish`;
 :meth:`BlockSink.abort` removes it, so a failed or interrupted prediction never leaves a
-partial grid at the target, and an older grid there stays as it was.
+partial grid at the target, and an older grid there stays as it was. What may stand at the
+target is :func:`geodbk.fileio.check_output`'s rule (a file for a NetCDF file; an empty folder
+or a Zarr store geodbk wrote for a Zarr store), unless ``overwrite``.
 
 :class:`ZarrRegions` is the part of :class:`ZarrSink` that writes blocks: it holds no open
 file, so Dask workers can each write their own blocks into the staged store
@@ -25,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from geodbk.errors import InputDataError
-from geodbk.fileio import StagedPath
+from geodbk.fileio import ZARR_STORE, StagedPath, write_failure
 
 
 class BlockSink(Protocol):
@@ -101,8 +103,8 @@ class ZarrSink:
     the whole of any leading dimension, so a row block of ``chunk_rows`` rows is whole chunks.
     """
 
-    def __init__(self, template: xr.Dataset, path: Path) -> None:
-        self.staged = StagedPath.beside(path, directory=True)
+    def __init__(self, template: xr.Dataset, path: Path, *, overwrite: bool = False) -> None:
+        self.staged = StagedPath.beside(path, kind=ZARR_STORE, overwrite=overwrite)
         encoding = {
             name: {**template[name].encoding, "chunks": template[name].data.chunksize} for name in template.data_vars
         }
@@ -131,12 +133,16 @@ class ZarrSink:
 
 
 class NetCDFSink:
-    """Streams row blocks into a NetCDF-4 file staged beside ``path``, renamed into place by :meth:`finish`."""
+    """Streams row blocks into a NetCDF-4 file staged beside ``path``, renamed into place by :meth:`finish`.
 
-    def __init__(self, template: xr.Dataset, path: Path) -> None:
+    A failed netCDF call raises OSError naming ``path`` (ENOSPC for a full disk,
+    :func:`geodbk.fileio.write_failure`).
+    """
+
+    def __init__(self, template: xr.Dataset, path: Path, *, overwrite: bool = False) -> None:
         import netCDF4
 
-        self.staged = StagedPath.beside(path)
+        self.staged = StagedPath.beside(path, overwrite=overwrite)
         self.nc: netCDF4.Dataset | None = None
         encoding = {
             name: {
@@ -149,14 +155,20 @@ class NetCDFSink:
             template.to_netcdf(self.staged.tmp, mode="w", compute=False, encoding=encoding, engine="netcdf4")
             self.nc = netCDF4.Dataset(self.staged.tmp, "a")
             self.nc.set_auto_mask(False)
+        except Exception as err:
+            self.abort()
+            raise write_failure(self.staged.target, err) from err
         except BaseException:
             self.abort()
             raise
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
         assert self.nc is not None, "write after finish or abort"
-        for name, values in block.items():
-            self.nc[name][_rows_index(values.ndim, rows)] = values
+        try:
+            for name, values in block.items():
+                self.nc[name][_rows_index(values.ndim, rows)] = values
+        except Exception as err:
+            raise write_failure(self.staged.target, err) from err
 
     def _close(self) -> None:
         if self.nc is not None and self.nc.isopen():
@@ -169,7 +181,10 @@ class NetCDFSink:
 
     def finish(self) -> xr.Dataset:
         """Close the file, rename it onto the target and open it lazily."""
-        self._close()
+        try:
+            self._close()
+        except Exception as err:
+            raise write_failure(self.staged.target, err) from err
         return open_grid(self.staged.commit())
 
 

@@ -32,7 +32,7 @@ import pyproj
 import shapely
 
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.fileio import atomic_path
+from geodbk.fileio import atomic_path, write_failure
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.schema import model_meta
 from geodbk.maps.thresholds import DEFAULT, resolve_threshold
@@ -139,22 +139,25 @@ def _observed_tiles(model: Any, polygons: gpd.GeoDataFrame) -> np.ndarray:
     return np.array([int(shapely.contains_xy(g, x, y).sum()) for g in polygons.geometry])
 
 
-def write_summary(frame: gpd.GeoDataFrame, path: str | Path) -> Path:
+def write_summary(frame: gpd.GeoDataFrame, path: str | Path, *, overwrite: bool = False) -> Path:
     """Write :func:`summarize_polygons` output atomically: GeoParquet (``.parquet``), GeoJSON
     (``.geojson``) or CSV without geometry (``.csv``). GeoJSON is written in EPSG:4326 (RFC 7946);
-    GeoParquet keeps the polygons' CRS."""
+    GeoParquet keeps the polygons' CRS. A folder at ``path`` is replaced only with ``overwrite``;
+    a failed write raises OSError (ENOSPC for a full disk)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in SUMMARY_FORMATS:
         raise InputDataError(f"summary output must end in one of {', '.join(SUMMARY_FORMATS)}, got {path.name}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        if suffix in (".parquet", ".geoparquet"):
-            frame.to_parquet(tmp)
-        elif suffix == ".csv":
-            frame.drop(columns=frame.geometry.name).to_csv(tmp, index=False)
-        else:
-            frame.to_crs(4326).to_file(tmp, driver="GeoJSON", engine="pyogrio")
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        try:
+            if suffix in (".parquet", ".geoparquet"):
+                frame.to_parquet(tmp)
+            elif suffix == ".csv":
+                frame.drop(columns=frame.geometry.name).to_csv(tmp, index=False)
+            else:
+                frame.to_crs(4326).to_file(tmp, driver="GeoJSON", engine="pyogrio")
+        except Exception as err:  # pyarrow and pyogrio raise their own error types
+            raise write_failure(path, err) from err
     return path
 
 
