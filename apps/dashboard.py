@@ -148,6 +148,10 @@ class Dashboard:
         self.notice = pn.pane.Alert(
             "", alert_type="warning", visible=False, width=SIDE_WIDTH * 2, css_classes=["geodbk-notice"]
         )
+        self.problems = pn.pane.Alert(  # model files or folders that did not load, one line each
+            "\n".join(f"- {p}" for p in catalog.problems), alert_type="warning", visible=bool(catalog.problems),
+            width=SIDE_WIDTH * 2, css_classes=["geodbk-problems"],
+        )
         self.geotiff = pn.widgets.FileDownload(
             label="GeoTIFF of the map", button_type="primary", width=190, embed=False
         )
@@ -544,6 +548,7 @@ class Dashboard:
         return pn.Column(
             pn.pane.Markdown("## geodbk · Deep Basis Kernel GP maps of mobile internet speed", margin=(0, 10)),
             self.notice,
+            self.problems,
             pn.Row(
                 pn.Column(
                     controls,

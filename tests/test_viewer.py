@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tokenize
 import warnings
 from pathlib import Path
@@ -381,3 +382,22 @@ def test_real_gp_slice_correlation_and_reference(run_folder):
     point = PointPrediction.from_prediction(model.predict(np.array([[lon, lat]]), "2023Q4"))
     assert (point.median, point.lower, point.upper) == pytest.approx(to_data_units(point.mean, point.sd))
     assert point.lower < point.median < point.upper
+
+
+def test_a_model_file_that_does_not_load_is_one_line_and_the_others_stay(run_folder, tmp_path, monkeypatch):
+    """One bad model file in a run folder made the whole dashboard a blank page; now the catalog
+    leaves that model out with a one-line problem, which the page shows above the others."""
+    import importlib.util
+
+    run = tmp_path / "run"
+    shutil.copytree(run_folder, run)
+    (run / "models" / "broken.pt").write_bytes(b"not a model\n" * 10)
+    catalog = Catalog.scan([run])
+    assert [f.kind for f in catalog.fits] == ["dbk-rbf", "knn"]
+    assert len(catalog.problems) == 1 and "broken.pt" in catalog.problems[0] and "\n" not in catalog.problems[0]
+    monkeypatch.syspath_prepend(str(REPO / "apps"))  # the app imports its sibling dashboard_views
+    spec = importlib.util.spec_from_file_location("dashboard_app", REPO / "apps" / "dashboard.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    page = app.Dashboard(catalog, offline=True)
+    assert page.problems.visible and "broken.pt" in page.problems.object

@@ -17,6 +17,7 @@ import pandas as pd
 import xarray as xr
 
 from geodbk.dataset.spatial_dataset import SpatialDataset
+from geodbk.errors import GeodbkError
 from geodbk.fit.geomodel import GeoModel
 from geodbk.viewer import loaders
 from geodbk.viewer.loaders import stamp
@@ -117,7 +118,7 @@ class Fit:
 
 @dataclass
 class Catalog:
-    """The fits found in the run folders, and why a folder was skipped."""
+    """The fits found in the run folders, and why a folder or a model file was skipped."""
 
     fits: list[Fit] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -125,7 +126,8 @@ class Catalog:
     @classmethod
     def scan(cls, runs: list[Path]) -> Catalog:
         """Every ``models/*.pt`` of each folder with a ``dataset.parquet``, in folder then name
-        order; a folder without them becomes a line in :attr:`problems`."""
+        order; a folder without them, and a model file that does not load, become a line in
+        :attr:`problems` (the other models stay)."""
         catalog = cls()
         for run in runs:
             files = RunFolder(run)
@@ -135,8 +137,12 @@ class Catalog:
                 catalog.problems.append(f"`{run}` is not a run folder (no dataset.parquet or models/*.pt)")
                 continue
             for path in models:
-                target = str(loaders.load_model(str(path), stamp(path)).meta.get("target", "download"))
-                catalog.fits.append(Fit(run, path.stem, target))
+                try:
+                    model = loaders.load_model(str(path), stamp(path))
+                except (GeodbkError, OSError) as err:  # one bad file costs its own model only
+                    catalog.problems.append(f"`{path}` is left out: {' '.join(str(err).split())}")
+                    continue
+                catalog.fits.append(Fit(run, path.stem, str(model.meta.get("target", "download"))))
         return catalog
 
     def for_target(self, target: str) -> list[Fit]:
