@@ -131,7 +131,8 @@ def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.
             total = int(response.headers.get("Content-Length") or 0) or None
             _check_limits(url, total or 0, start, limits)
             received = 0
-            with tqdm(total=total, unit="B", unit_scale=True, desc=target.name, leave=False) as bar:
+            # disable=None: a bar on a terminal only, never lines in a log before an error line
+            with tqdm(total=total, unit="B", unit_scale=True, desc=target.name, leave=False, disable=None) as bar:
                 while chunk := response.read1(_CHUNK):
                     out.write(chunk)
                     received += len(chunk)
@@ -161,7 +162,7 @@ def _check_limits(url: str, size: int, start: float, limits: DownloadLimits) -> 
     download started at ``start`` (``time.monotonic()``) has run past ``limits.deadline_s``."""
     if size > limits.max_bytes:
         raise ResourceLimitError(
-            f"cannot download {url}: it is larger than the download limit of {limits.max_bytes / 1e6:,.0f} MB; "
+            f"cannot download {url}: it is larger than the download limit of {limits.max_bytes / 1e6:,.6g} MB; "
             "pass --max-download-mb to raise it"
         )
     if time.monotonic() - start > limits.deadline_s:
