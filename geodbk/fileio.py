@@ -12,8 +12,10 @@ so the final rename is atomic) and moves it into place only when it is complete:
   folder's models and metrics), under :func:`folder_lock`.
 
 What may be replaced (:func:`check_output`): a file replaces a file; a folder replaces an
-empty folder or a folder of the same kind that geodbk wrote, recognised by its marker file
-(:data:`MARKER`, holding the kind: :data:`ZARR_STORE` or :data:`RUN_FOLDER`). Anything else
+empty folder or a folder of the same kind that geodbk wrote, recognised by its marker
+(:func:`mark_output`): a :data:`MARKER` file holding the kind in a run folder, and the root
+attribute :data:`ZARR_ATTRIBUTE` in a Zarr store (Zarr readers warn about files they do not
+know, so a store carries its marker in its own metadata). Anything else
 is refused with :class:`geodbk.errors.OutputExistsError` unless ``overwrite`` is given (or
 the CLI's ``--overwrite`` is in force, :func:`overwrite_allowed`). An output never replaces
 one of its own inputs.
@@ -46,10 +48,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from geodbk.errors import FolderBusyError, OutputExistsError, OutputPathError
+from geodbk.errors import FolderBusyError, GeodbkError, OutputExistsError, OutputPathError
 
-#: Marker file inside every folder output geodbk writes; its text is the folder's kind.
+#: Marker file inside a run folder geodbk wrote; its text is the folder's kind.
 MARKER = ".geodbk"
+#: Root attribute of a Zarr store geodbk wrote, holding :data:`ZARR_STORE`.
+ZARR_ATTRIBUTE = "geodbk_output"
 #: Kind of a Zarr store written by geodbk.
 ZARR_STORE = "zarr"
 #: Kind of a run folder (dataset, models, metrics, maps).
@@ -79,12 +83,45 @@ def overwrite_allowed(allowed: bool = True) -> Iterator[None]:
         _forced.reset(token)
 
 
+def _zarr_root_attributes(path: Path) -> tuple[Path, dict]:
+    """The file holding a Zarr store's root attributes (``zarr.json`` of Zarr 3, ``.zattrs`` of
+    Zarr 2) and their contents; raises OSError or ValueError if there is none."""
+    v3 = path / "zarr.json"
+    if v3.is_file():
+        return v3, json.loads(v3.read_text())
+    v2 = path / ".zattrs"
+    return v2, json.loads(v2.read_text()) if v2.is_file() else {}
+
+
 def output_kind(path: str | Path) -> str | None:
-    """The kind written in the marker of folder ``path`` (:data:`ZARR_STORE`, :data:`RUN_FOLDER`), or None."""
+    """The kind of folder output geodbk wrote at ``path`` (:data:`ZARR_STORE`, :data:`RUN_FOLDER`),
+    read from its marker (:func:`mark_output`), or None."""
+    path = Path(path)
     try:
-        return (Path(path) / MARKER).read_text().strip() or None
+        return (path / MARKER).read_text().strip() or None
     except OSError:
+        pass
+    try:
+        meta_file, meta = _zarr_root_attributes(path)
+    except (OSError, ValueError):
         return None
+    attributes = meta.get("attributes", {}) if meta_file.name == "zarr.json" else meta
+    return ZARR_STORE if isinstance(attributes, dict) and attributes.get(ZARR_ATTRIBUTE) == ZARR_STORE else None
+
+
+def mark_output(path: str | Path, kind: str) -> None:
+    """Mark folder ``path`` as a ``kind`` output of geodbk: the :data:`ZARR_ATTRIBUTE` root
+    attribute of a Zarr store, else a :data:`MARKER` file."""
+    path = Path(path)
+    if kind != ZARR_STORE:
+        (path / MARKER).write_text(kind + "\n")
+        return
+    meta_file, meta = _zarr_root_attributes(path)
+    if meta_file.name == "zarr.json":
+        meta.setdefault("attributes", {})[ZARR_ATTRIBUTE] = kind
+    else:
+        meta[ZARR_ATTRIBUTE] = kind
+    meta_file.write_text(json.dumps(meta, indent=2))
 
 
 def _inside(inner: Path, outer: Path) -> bool:
@@ -214,14 +251,14 @@ def disk_full(folder: str | Path) -> bool:
     return stats.f_bavail * stats.f_frsize < _FULL_DISK_BYTES
 
 
-def write_failure(path: str | Path, err: BaseException, detail: str = "") -> OSError:
+def write_failure(path: str | Path, err: Exception, detail: str = "") -> Exception:
     """The error to raise when a library failed to write ``path``: ENOSPC when the disk is full
-    (GDAL and netCDF report it as "HDF error" or worse), ``err`` itself if it is an OSError, else
-    an EIO OSError quoting ``detail`` (what the library printed) or ``err``."""
+    (GDAL and netCDF report it as "HDF error" or worse), ``err`` itself if it is an OSError or a
+    MemoryError, else an EIO OSError quoting ``detail`` (what the library printed) or ``err``."""
     path = Path(path)
     if disk_full(path.parent):
         return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-    if isinstance(err, OSError):
+    if isinstance(err, (OSError, MemoryError)):
         return err
     reason = " ".join((detail or f"{type(err).__name__}: {err}").split())
     return OSError(errno.EIO, f"write failed ({reason})", str(path))
@@ -234,7 +271,7 @@ class StagedPath:
     Attributes:
         target: the final path.
         tmp: where to write meanwhile (created empty: a file, or a folder if ``kind`` is given).
-        kind: None for a file, else the folder kind written to its :data:`MARKER` on commit.
+        kind: None for a file, else the folder kind marked on commit (:func:`mark_output`).
         overwrite: replace whatever stands at the target (see :func:`check_output`).
     """
 
@@ -277,7 +314,7 @@ class StagedPath:
         if self.kind is None:
             _fsync(self.tmp)
         else:
-            (self.tmp / MARKER).write_text(self.kind + "\n")
+            mark_output(self.tmp, self.kind)
         os.chmod(self.tmp, 0o755 if self.directory else 0o644)
         if not self.directory and not (self.target.is_dir() and not self.target.is_symlink()):
             os.replace(self.tmp, self.target)
@@ -307,6 +344,10 @@ def _staged(path: str | Path, *, kind: str | None, overwrite: bool, suffix: str)
     try:
         yield staged.tmp
         staged.commit()
+    except Exception as err:  # whatever a writing library raises on a full disk, say so
+        if isinstance(err, GeodbkError) or not disk_full(staged.target.parent):
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(staged.target)) from err
     finally:
         staged.discard()  # a no-op after a commit: the temporary was renamed away
 
@@ -316,7 +357,8 @@ def atomic_path(path: str | Path, *, overwrite: bool = False, suffix: str = ".tm
     """Yield a temporary file path beside ``path`` to write to; rename it onto ``path`` on success.
 
     The temporary file (``.<name>.<pid>-<random><suffix>``, created empty) is removed if the
-    block raises, and an existing file at ``path`` is then left as it was. A folder at
+    block raises, and an existing file at ``path`` is then left as it was; an error raised on a
+    full disk becomes OSError ENOSPC, whatever the writing library called it. A folder at
     ``path`` is refused (:class:`geodbk.errors.OutputExistsError`) unless ``overwrite``. The
     parent folder is created; the final file gets mode 0644.
     """
@@ -331,7 +373,8 @@ def atomic_dir(path: str | Path, *, kind: str, overwrite: bool = False, suffix: 
     ``path`` may be missing, an empty folder or a folder of the same ``kind`` written by
     geodbk (anything else unless ``overwrite``, see :func:`check_output`); it is replaced as a
     whole when the block ends normally, and left untouched if it raises; the temporary folder
-    is then removed. The final folder gets mode 0755 and a :data:`MARKER` holding ``kind``.
+    is then removed. The final folder gets mode 0755 and the marker of ``kind`` (:func:`mark_output`;
+    a Zarr store must be written by then).
     """
     with _staged(path, kind=kind, overwrite=overwrite, suffix=suffix) as tmp:
         yield tmp
@@ -435,6 +478,7 @@ __all__ = [
     "LOCK",
     "MARKER",
     "RUN_FOLDER",
+    "ZARR_ATTRIBUTE",
     "ZARR_STORE",
     "FolderCommit",
     "StagedPath",
@@ -443,6 +487,7 @@ __all__ = [
     "check_output",
     "disk_full",
     "folder_lock",
+    "mark_output",
     "output_kind",
     "overwrite_allowed",
     "sweep",

@@ -12,7 +12,7 @@ A run folder appears whole or not at all: :func:`run_demo` fills a hidden tempor
 beside the target and swaps it in when every file is written (:func:`geodbk.fileio.atomic_dir`),
 so a crash midway leaves the previous run folder (or nothing) for the dashboard to open, never
 a half run. The swap replaces the previous run folder as a whole, and only a folder that is
-empty or a run folder geodbk wrote (its marker, :data:`geodbk.fileio.MARKER`), unless
+empty or a run folder geodbk wrote (its marker, :func:`geodbk.fileio.mark_output`), unless
 ``overwrite``.
 
 ``geodbk fit`` adds models to a run folder instead (:meth:`RunFolder.check_fits` before training,
@@ -34,7 +34,15 @@ import pandas as pd
 from geodbk.dataset.quarters import parse_quarter_label
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError, OutputExistsError
-from geodbk.fileio import MARKER, RUN_FOLDER, FolderCommit, atomic_dir, check_output, folder_lock, output_kind
+from geodbk.fileio import (
+    RUN_FOLDER,
+    FolderCommit,
+    atomic_dir,
+    check_output,
+    folder_lock,
+    mark_output,
+    output_kind,
+)
 from geodbk.fit.geomodel import GeoModel, fit_dataset
 from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
 from geodbk.fit.protocol import map_model_config
@@ -158,7 +166,7 @@ class RunFolder:
                     model.save(staged.model(kind))
                 save_metrics(table, staged.root)
                 if output_kind(self.root) != RUN_FOLDER:
-                    (staged.root / MARKER).write_text(RUN_FOLDER + "\n")
+                    mark_output(staged.root, RUN_FOLDER)
                 commit.commit()
             finally:
                 commit.discard()

@@ -18,7 +18,7 @@ import pytest
 import shapely
 import xarray as xr
 
-from geodbk.fileio import MARKER, ZARR_STORE, atomic_dir, atomic_path
+from geodbk.fileio import MARKER, RUN_FOLDER, atomic_dir, atomic_path
 from geodbk.fit.metrics import save_metrics
 from geodbk.io.cubes import write_netcdf, write_zarr
 from geodbk.io.geotiff import write_geotiff
@@ -71,22 +71,22 @@ def test_atomic_path_keeps_the_old_file_on_failure_and_replaces_it_on_success(tm
 
 
 def test_atomic_dir_swaps_whole_folders_and_keeps_the_old_one_on_failure(tmp_path) -> None:
-    target = tmp_path / "store.zarr"
-    with atomic_dir(target, kind=ZARR_STORE) as tmp:
+    target = tmp_path / "run"
+    with atomic_dir(target, kind=RUN_FOLDER) as tmp:
         (tmp / "sub").mkdir()
         (tmp / "sub" / "old.txt").write_text("old")
-    with pytest.raises(RuntimeError), atomic_dir(target, kind=ZARR_STORE) as tmp:
+    with pytest.raises(RuntimeError), atomic_dir(target, kind=RUN_FOLDER) as tmp:
         (tmp / "new.txt").write_text("half")
         raise RuntimeError("crash")
-    assert (target / "sub" / "old.txt").read_text() == "old" and everything(tmp_path) == ["store.zarr"]
-    with atomic_dir(target, kind=ZARR_STORE) as tmp:
+    assert (target / "sub" / "old.txt").read_text() == "old" and everything(tmp_path) == ["run"]
+    with atomic_dir(target, kind=RUN_FOLDER) as tmp:
         (tmp / "new.txt").write_text("new")
         assert not (target / "new.txt").exists()
-    assert everything(target) == [MARKER, "new.txt"] and everything(tmp_path) == ["store.zarr"]
+    assert everything(target) == [MARKER, "new.txt"] and everything(tmp_path) == ["run"]
     # an empty folder and a missing target are replaced too, and the folder appears whole
     (tmp_path / "empty").mkdir()
     for name in ("empty", "fresh"):
-        with atomic_dir(tmp_path / name, kind=ZARR_STORE) as tmp:
+        with atomic_dir(tmp_path / name, kind=RUN_FOLDER) as tmp:
             (tmp / "a").write_text("a")
         assert everything(tmp_path / name) == [MARKER, "a"]
 

@@ -65,6 +65,8 @@ def check_listen_address(address: str, port: int) -> None:
     import socket
     import warnings
 
+    if not address.strip():
+        raise InputDataError("--address is empty; give a host name or IP address, e.g. 127.0.0.1")
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
     except (socket.gaierror, UnicodeError) as err:
