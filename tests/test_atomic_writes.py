@@ -197,6 +197,9 @@ def test_write_killed_midway_leaves_the_old_output_or_nothing(tmp_path, suffix: 
     assert all(name.startswith(f".{target.name}.") and name.endswith(".tmp") for name in litter), litter
     if existing:
         np.testing.assert_array_equal(read_back(target), np.ones((4, 5), dtype=np.float32))
+    # the next write into the folder sweeps what the killed writer left
+    old_output(out / f"another{suffix}")
+    assert everything(out) == sorted([*([target.name] if existing else []), f"another{suffix}"])
 
 
 # --- the demo's run folder ---------------------------------------------------------------------

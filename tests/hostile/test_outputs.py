@@ -21,7 +21,7 @@ from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.fit.geomodel import fit_dataset
 from geodbk.models.config import TrainConfig
-from geodbk.workflow import RunFolder, evaluate_on_test
+from geodbk.workflow import RunFolder
 
 COARSE = ("--resolution", "0.1", "--no-progress")
 
@@ -35,7 +35,7 @@ def base(tmp_path_factory, pr_dataset) -> Path:
     load_sample_dataset("HI", quarters=["2023Q4"]).save(root / "hawaii.parquet")
     for grid in ("grid.nc", "grid.zarr"):
         assert main(["predict", "--model", str(root / "knn.pt"), "--out", str(root / grid), *COARSE]) == 0
-    RunFolder(root / "run").save_fits(pr_dataset, {"knn": model}, {"knn": evaluate_on_test(model, pr_dataset)})
+    assert main(fit(root, root / "run")) == 0
     return root
 
 
@@ -268,7 +268,7 @@ def run_with_metrics_folder(w: Path) -> Path:
 def legacy_run(w: Path) -> Path:
     """A run folder of a geodbk without markers: only run entries."""
     shutil.copytree(w / "run", w / "r", copy_function=os.link)
-    (w / "r" / ".geodbk").unlink()
+    (w / "r" / ".geodbk").unlink(missing_ok=True)
     return w / "r"
 
 
