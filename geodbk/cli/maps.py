@@ -23,6 +23,10 @@ from geodbk.cli.options import (
     threshold_option,
 )
 
+#: float32-sized values a polygon summary holds per averaging cell: lon and lat (float64),
+#: polygon, weight, and the prediction's mean and sd.
+SUMMARY_VALUES_PER_CELL = 8
+
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -250,6 +254,8 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
     level.add_argument("--no-threshold", action="store_true", help="leave share_below out")
     p.add_argument("--all-polygons", action="store_true",
                    help="keep polygons that do not overlap the model's region (they are extrapolation)")
+    p.add_argument("--max-cells", type=int, metavar="N",
+                   help="most averaging cells accepted over the polygons (default: what 4 GiB holds)")
     add_extrapolation_option(p)
     p.set_defaults(handler=_run_summarize)
 
@@ -261,6 +267,8 @@ def _run_summarize(args: argparse.Namespace) -> int:
     from geodbk.fileio import check_output
     from geodbk.fit.geomodel import GeoModel
     from geodbk.ingest.regions import load_region, read_polygons
+    from geodbk.maps.geometry import RegularGrid
+    from geodbk.maps.schema import check_grid_size, grid_size_limit
     from geodbk.maps.summaries import (
         DEFAULT_RESOLUTION,
         SUMMARY_FORMATS,
@@ -274,6 +282,8 @@ def _run_summarize(args: argparse.Namespace) -> int:
     check_output(args.out, inputs=[args.model, args.polygons], name="--out")
     quarter = None if args.quarter is None else parse_quarter(args.quarter)
     check_map_options(args)
+    if args.max_cells is not None and args.max_cells < 1:
+        raise InputDataError(f"--max-cells must be >= 1, got {args.max_cells}")
     model = GeoModel.load(args.model)
     polygons = read_polygons(args.polygons, what="polygon", keep_crs=True)
     if not args.all_polygons and model.meta.get("region"):
@@ -282,7 +292,10 @@ def _run_summarize(args: argparse.Namespace) -> int:
             raise InputDataError(f"no polygon in {args.polygons} overlaps the model's region {model.meta['region']}")
         print(f"kept {len(kept)} of {len(polygons)} polygons that overlap {model.meta['region']}")
         polygons = kept
-    check_domain(model, polygons.to_crs(4326).union_all(), [quarter], allow=args.allow_extrapolation)
+    area = polygons.to_crs(4326).union_all()
+    check_domain(model, area, [quarter], allow=args.allow_extrapolation)
+    with grid_size_limit(args.max_cells):  # the averaging cells, before they are allocated
+        check_grid_size(RegularGrid.over(area, args.resolution or DEFAULT_RESOLUTION), SUMMARY_VALUES_PER_CELL)
     start = time.perf_counter()
     summary = summarize_polygons(
         model, polygons, time=quarter, resolution=args.resolution or DEFAULT_RESOLUTION,
