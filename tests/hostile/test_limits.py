@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import geopandas as gpd
 import pytest
 import torch
 
@@ -66,14 +67,22 @@ def _tamper(source: Path, target: Path, keys: tuple[str, ...], value: Any) -> No
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory, pr_dataset) -> Path:
-    """A knn and a small dnn model of Puerto Rico 2023Q4, their dataset, and tampered copies."""
+    """A knn, a small dnn and a small sv-rbf model of Puerto Rico 2023Q4, their dataset and region
+    polygon, and tampered copies of the dnn."""
     root = tmp_path_factory.mktemp("hostile-limits")
     train = TrainConfig(epochs=1, progress=False, device="cpu")
     fit_dataset(pr_dataset, "knn", train_config=train).save(root / "knn.pt")
     fit_dataset(pr_dataset, "dnn", model_config=map_model_config(hidden=16, rank=16), train_config=train).save(
         root / "dnn.pt"
     )
+    fit_dataset(pr_dataset, "sv-rbf", model_config=map_model_config(hidden=16, rank=16), train_config=train).save(
+        root / "sv.pt"
+    )
     pr_dataset.save(root / "dataset.parquet")
+    region = load_region("PR")
+    gpd.GeoDataFrame({"name": ["PR"]}, geometry=[region.geometry], crs=4326).to_file(
+        root / "pr.geojson", driver="GeoJSON", engine="pyogrio"
+    )
     for i, (keys, value) in enumerate(TAMPERED.values()):
         _tamper(root / "dnn.pt", root / f"tampered{i}.pt", keys, value)
     (root / "out").mkdir()
@@ -87,6 +96,11 @@ def _predict(*extra: str, model: str = "knn.pt") -> Callable[[Path], list]:
 def _fit(*extra: str) -> Callable[[Path], list]:
     return lambda r: ["fit", "--dataset", r / "dataset.parquet", "--out", r / "out" / "run", "--no-progress",
                       "--models", "knn", "--epochs", "1", *extra]
+
+
+def _summarize(*extra: str) -> Callable[[Path], list]:
+    return lambda r: ["summarize", "--model", r / "sv.pt", "--polygons", r / "pr.geojson",
+                      "--out", r / "out" / "summary.csv", *extra]
 
 
 def _demo(*extra: str) -> Callable[[Path], list]:
@@ -111,6 +125,11 @@ REFUSED: dict[str, tuple[Callable[[Path], list], str]] = {
     "zero cells": (_predict("--max-cells", "0"), "--max-cells"),
     "negative cells": (_predict("--max-cells", "-5"), "--max-cells"),
     "cells not a number": (_predict("--max-cells", "many"), "--max-cells"),
+    "summary cells 1e-9": (_summarize("--resolution", "1e-9"), "--max-cells"),
+    "summary cells 1e-5": (_summarize("--resolution", "1e-5"), "--max-cells"),
+    "summary cells 1m": (_summarize("--resolution", "1m"), "--max-cells"),
+    "summary above a lowered cap": (_summarize("--max-cells", "10"), "--max-cells"),
+    "summary zero cells": (_summarize("--max-cells", "0"), "--max-cells"),
     # model sizes: rank 100000 on 5,132 rows took 20 GB; 100000 encoding scales ran 228 s
     "rank 100000": (_fit("--rank", "100000"), "--rank"),
     "rank one above the rows": (_fit("--rank", "5133"), "--rank"),
