@@ -184,7 +184,11 @@ def test_write_killed_midway_leaves_the_old_output_or_nothing(tmp_path, suffix: 
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(started)],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+
+    def staged() -> bool:  # the write has begun and its hidden temporary is there
+        return started.exists() and any(p.name.startswith(f".{target.name}.") for p in out.iterdir())
+
+    while not staged() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, f"writer ended before it was killed: {proc.stderr.read().decode()[-2000:]}"
     time.sleep(0.3)
@@ -194,7 +198,7 @@ def test_write_killed_midway_leaves_the_old_output_or_nothing(tmp_path, suffix: 
     # a reader sees the old grid, or nothing; what the killed writer left is one hidden temporary
     assert visible(out) == ([target.name] if existing else [])
     litter = [name for name in everything(out) if name != target.name]
-    assert all(name.startswith(f".{target.name}.") and name.endswith(".tmp") for name in litter), litter
+    assert litter and all(name.startswith(f".{target.name}.") and name.endswith(".tmp") for name in litter), litter
     if existing:
         np.testing.assert_array_equal(read_back(target), np.ones((4, 5), dtype=np.float32))
     # the next write into the folder sweeps what the killed writer left

@@ -214,17 +214,26 @@ def test_fit_waits_for_the_run_folders_lock_then_refuses(knn_run, tmp_path, monk
     assert {p: p.read_bytes() for p in (w / "run").rglob("*") if p.is_file()} == before
 
 
-SLOW_READ = textwrap.dedent(
+RACING_FIT = textwrap.dedent(
     """
-    import sys, time
-    import pandas as pd
-    read_csv = pd.read_csv
+    import os, sys, time
+    from pathlib import Path
+    import geodbk.fit.metrics, geodbk.workflow
+    barrier = Path(os.environ["BARRIER"])
+    evaluate_on_test, metrics_table = geodbk.workflow.evaluate_on_test, geodbk.fit.metrics.metrics_table
 
-    def slow(*args, **kwargs):  # widen the window between reading metrics.csv and writing it
-        time.sleep(4)
-        return read_csv(*args, **kwargs)
+    def evaluate_together(*args, **kwargs):  # both fits reach their save at the same moment
+        (barrier / str(os.getpid())).touch()
+        deadline = time.monotonic() + 120
+        while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return evaluate_on_test(*args, **kwargs)
 
-    pd.read_csv = slow
+    def slow(*args, **kwargs):  # and take a while between reading and writing the metrics
+        time.sleep(2)
+        return metrics_table(*args, **kwargs)
+
+    geodbk.workflow.evaluate_on_test, geodbk.fit.metrics.metrics_table = evaluate_together, slow
     from geodbk.cli import main
     sys.exit(main(sys.argv[1:]))
     """
@@ -232,17 +241,20 @@ SLOW_READ = textwrap.dedent(
 
 
 def test_two_fits_into_one_run_keep_both_models_rows(knn_run, tmp_path) -> None:
-    """Two fits raced on metrics.csv/json and one model's rows were lost (1 trial in 5); here the
-    race is made certain by a slow read, and the lock still keeps both."""
+    """Two fits into one run folder raced on metrics.csv/json and one model's rows were lost (1 trial
+    in 5, finding 3); here the race is made certain (both save at once, slowly), and the lock still
+    keeps both."""
     w = copy_run(knn_run, tmp_path)
-    procs = [subprocess.Popen([sys.executable, "-c", SLOW_READ, *fit_argv(w, kind)], env=ENV,
+    (tmp_path / "barrier").mkdir()
+    env = {**ENV, "BARRIER": str(tmp_path / "barrier")}
+    procs = [subprocess.Popen([sys.executable, "-c", RACING_FIT, *fit_argv(w, kind, out="new-run")], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for kind in ("knn", "dnn")]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err.decode()[-2000:]
-    table = pd.read_csv(w / "run" / "metrics.csv")
+    table = pd.read_csv(w / "new-run" / "metrics.csv")
     assert sorted(table["model"].unique()) == ["dnn", "knn"]
-    assert (w / "run" / "models" / "dnn.pt").is_file()
+    assert sorted(p.name for p in (w / "new-run" / "models").iterdir()) == ["dnn.pt", "knn.pt"]
 
 
 KILLED_WHILE_SAVING = textwrap.dedent(
