@@ -456,3 +456,12 @@ def test_published_span_moves_with_the_date():
         check_published(np.array([2019]), np.array([2]), "f", today=datetime.date(2019, 3, 31))
     with pytest.raises(InputDataError, match="2018Q4"):
         check_published(np.array([2018]), np.array([4]), "f", today=datetime.date(2030, 1, 1))
+
+
+@pytest.mark.parametrize("where", ["404", "unreachable"])
+def test_a_password_in_a_url_is_not_echoed(hostile, root, server, tmp_path, where):
+    base, _ = server
+    host = base.removeprefix("http://") if where == "404" else "127.0.0.1:9"
+    url = f"http://alice:hunter2@{host}/missing_2023Q4_mobile.parquet"
+    outcome = hostile(["ingest", "--tiles", url, "--region", "PR", "--cache-dir", tmp_path], root, expect="refused")
+    assert "hunter2" not in " ".join(outcome.stderr) and "***@" in outcome.stderr[-1]
