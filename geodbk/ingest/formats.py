@@ -5,17 +5,15 @@ names, and only when its first bytes are that format's (a VRT saved as ``countie
 starts with ``<``, not ``{``, and is refused before GDAL sees it). The same check tells a
 good download from a 200 response with a garbage body (:mod:`geodbk.ingest.sources`).
 
-==================  =====================  ==========================================
-suffix              format                 first bytes
-==================  =====================  ==========================================
-``.geojson .json``  GeoJSON                ``{`` after optional whitespace / BOM
-``.shp``            ESRI Shapefile         file code 9994 (``00 00 27 0a``)
-``.gpkg``           GeoPackage             ``SQLite format 3\\0``
-``.parquet .pq``    (Geo)Parquet           ``PAR1``
-``.geoparquet``
-``.zip``            zip of shapefiles or   ``PK\\3\\4`` (or ``PK\\5\\6``, empty)
-                    GeoJSON files
-==================  =====================  ==========================================
+======================================  ==============  =====================================
+suffix                                  format          first bytes
+======================================  ==============  =====================================
+``.geojson``, ``.json``                 GeoJSON         ``{`` after optional whitespace / BOM
+``.shp``                                ESRI Shapefile  file code 9994 (``00 00 27 0a``)
+``.gpkg``                               GeoPackage      ``SQLite format 3\\0``
+``.parquet``, ``.geoparquet``, ``.pq``  (Geo)Parquet    ``PAR1``
+``.zip`` (shapefiles or GeoJSON)        zip             ``PK\\3\\4`` (``PK\\5\\6`` if empty)
+======================================  ==============  =====================================
 """
 
 from __future__ import annotations
