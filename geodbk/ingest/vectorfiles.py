@@ -96,16 +96,14 @@ def read_vector_layers(path: str | Path, what: str) -> list[tuple[str, gpd.GeoDa
     path = checked_path(path, what)
     fmt = format_of(path, what)
     label = f"{what} file {path}"
+    check_head(read_head(path), fmt, label)
     if fmt == "Parquet":
-        check_head(read_head(path), fmt, label)
         try:
             return [(str(path), gpd.read_parquet(path))]
         except Exception as err:  # pyarrow and geopandas raise several types for bad files
             raise InputDataError(f"cannot read {label}: {' '.join(str(err).split())}") from err
     if fmt != "zip":
-        check_head(read_head(path), fmt, label)
         return [(str(path), _gdal_read(str(path.resolve()), label))]
-    check_head(read_head(path), fmt, label)
     layers = []
     for member in zip_layers(path, what):
         member_label = f"{member} in {label}"
