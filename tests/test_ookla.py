@@ -230,6 +230,11 @@ class _CountingHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # a client that stops reading (the download cap) breaks the pipe: expected
+
+
 @pytest.fixture(scope="module")
 def http_root(tmp_path_factory):
     """``(base_url, requests)``: a 127.0.0.1 server over a folder with the Hawaii GeoJSON zip."""
@@ -237,7 +242,7 @@ def http_root(tmp_path_factory):
     shutil.copy(paths.HAWAII_MOBILE_GEOJSON_ZIP, root / paths.HAWAII_MOBILE_GEOJSON_ZIP.name)
     requests: list[str] = []
     handler = type("Handler", (_CountingHandler,), {"requests": requests})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
+    server = _QuietServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", requests
