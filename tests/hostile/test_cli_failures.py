@@ -209,6 +209,31 @@ def test_a_full_disk_is_one_line_that_says_so(hostile, base, full_disk, case: st
     assert not kept, kept
 
 
+# --- an unwritable folder (chmod does not bite as root) ------------------------------------------------
+UNWRITABLE = {
+    "ingest": lambda w, ro: ["ingest", "--quarters", "2023Q4", "--out", str(ro / "d.parquet")],
+    "predict": lambda w, ro: ["predict", "--model", str(w / "knn.pt"), "--out", str(ro / "g.nc"), *COARSE],
+    "export": lambda w, ro: ["export", "--grid", str(w / "grid.nc"), "--geotiff", str(ro / "g.tif")],
+    "fit": lambda w, ro: ["fit", "--dataset", str(w / "dataset.parquet"), "--out", str(ro / "run"), "--models", "knn"],
+    "fit-into-a-new-folder-below": lambda w, ro: ["fit", "--dataset", str(w / "dataset.parquet"), "--out",
+                                                  str(ro / "a" / "run"), "--models", "knn"],
+}
+
+
+@pytest.mark.parametrize("case", list(UNWRITABLE))
+def test_an_unwritable_folder_is_one_line(hostile, base, tmp_path, case: str) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders: chmod does not bite")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        outcome = hostile(UNWRITABLE[case](base, locked), tmp_path, expect="refused")
+    finally:
+        locked.chmod(0o755)
+    assert "not writable" in outcome.stderr[-1] or "permission denied" in outcome.stderr[-1].lower()
+
+
 # --- interrupted, or out of memory, midway --------------------------------------------------------
 def export_netcdf(w: Path) -> list[str]:
     return ["export", "--grid", str(w / "grid.nc"), "--netcdf", str(w / "copy.nc")]
@@ -234,7 +259,8 @@ MIDWAY = {  # (command, where the failure is injected)
     "fit-model": (fit_run, "geodbk.fit.geomodel.write_payload"),
 }
 RAISED = {"ctrl-c": (KeyboardInterrupt, 130, "interrupted"), "out-of-memory": (MemoryError, 2, "out of memory"),
-          "disk-error": (OSError(5, "Input/output error"), 2, "input/output error")}
+          "disk-error": (OSError(5, "Input/output error"), 2, "input/output error"),
+          "permission": (PermissionError(13, "Permission denied", "/mnt/out"), 2, "/mnt/out: permission denied")}
 
 
 @pytest.mark.parametrize("raised", list(RAISED))
