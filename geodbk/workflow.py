@@ -114,12 +114,17 @@ class RunFolder:
         """Raise unless fitting ``kinds`` on ``dataset`` may be saved here (run it before training).
 
         Raises:
-            OutputExistsError: the folder is not a run folder (:meth:`looks_like_run`), or a
-                model, metrics or dataset path is a folder (both unless ``overwrite``), or the
-                folder's dataset is of another region or target (always).
-            OutputPathError: a parent of the folder is a file or not writable.
+            OutputExistsError: the folder holds files other than a run folder's
+                (:meth:`looks_like_run`), or a model, metrics or dataset path is a folder (both
+                unless ``overwrite``), or the folder's dataset is of another region or target
+                (always).
+            OutputPathError: the folder is a file, or a parent of it is a file or not writable.
+            InputDataError: the folder's dataset or metrics table cannot be read.
         """
-        check_output(self.root, kind=RUN_FOLDER, overwrite=overwrite or self.looks_like_run(), name="--out")
+        if self.root.is_dir() and not (overwrite or self.looks_like_run()):
+            raise OutputExistsError(f"--out {self.root} holds files other than a run folder's; pass --overwrite "
+                                    "to add the run to it anyway")
+        check_output(self.root, kind=RUN_FOLDER, overwrite=overwrite or self.root.is_dir(), name="--out")
         for path in (self.dataset, self.metrics_csv, self.metrics_json, *(self.model(k) for k in kinds)):
             check_output(path, overwrite=overwrite)
         if self.dataset.is_file():
@@ -131,6 +136,19 @@ class RunFolder:
                     f"{self.root} holds a {held.target} dataset of {held.region.name}, not {dataset.target} of "
                     f"{dataset.region.name}; fit into another run folder"
                 )
+        self._earlier_metrics()
+
+    def _earlier_metrics(self) -> pd.DataFrame | None:
+        """The metrics table of models fitted earlier into this run folder, if it has one."""
+        if not self.metrics_csv.is_file():
+            return None
+        try:
+            table = pd.read_csv(self.metrics_csv)
+        except (ValueError, UnicodeDecodeError) as err:  # pandas' parser and empty-file errors are ValueErrors
+            raise InputDataError(f"cannot read {self.metrics_csv}: {err}") from None
+        if "model" not in table.columns:
+            raise InputDataError(f"{self.metrics_csv} is not a geodbk metrics table (no 'model' column)")
+        return table
 
     def save_fits(
         self,
@@ -153,10 +171,9 @@ class RunFolder:
         with folder_lock(self.root, timeout_s=RUN_LOCK_TIMEOUT_S if timeout_s is None else timeout_s):
             self.check_fits(dataset, list(models), overwrite=overwrite)
             table = metrics_table(results)
-            if self.metrics_csv.is_file():
-                earlier = pd.read_csv(self.metrics_csv)
-                if "model" in earlier.columns:
-                    table = pd.concat([earlier[~earlier["model"].isin(list(models))], table], ignore_index=True)
+            earlier = self._earlier_metrics()
+            if earlier is not None:
+                table = pd.concat([earlier[~earlier["model"].isin(list(models))], table], ignore_index=True)
             commit = FolderCommit(self.root, overwrite=overwrite)
             try:
                 staged = RunFolder(commit.staging)

@@ -244,7 +244,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     check_model_size(model_config, 3, n_train, allow_large=args.allow_large_model)  # before any tensor
     run = RunFolder(Path(args.out))
     if main:  # the run folder is checked before training, and again when the fits are saved
-        run.check_fits(dataset, kinds)
+        run.check_fits(dataset, kinds, overwrite=args.overwrite)
     echo(f"{args.protocol} protocol, {dataset.split_protocol} split: "
          + ", ".join(f"{s} {int((dataset.frame['split'] == s).sum()):,}" for s in ("train", "val", "test")))
     results, models = {}, {}
@@ -262,7 +262,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
         return 0
     # saved only once all fits succeeded, models and metrics together under the folder's lock:
     # a failed or killed fit leaves the run folder as it was, and earlier models' rows are kept
-    table = run.save_fits(dataset, models, results)
+    table = run.save_fits(dataset, models, results, overwrite=args.overwrite)
     echo(format_metrics_table(table))
     return 0
 

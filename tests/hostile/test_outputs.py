@@ -265,6 +265,16 @@ def run_with_metrics_folder(w: Path) -> Path:
     return w / "r"
 
 
+def run_with_metrics(text: str) -> Callable[[Path], Path]:
+    def scene(w: Path) -> Path:
+        shutil.copytree(w / "run", w / "r", copy_function=os.link)
+        (w / "r" / "metrics.csv").unlink()
+        (w / "r" / "metrics.csv").write_text(text)
+        return w / "r"
+
+    return scene
+
+
 def legacy_run(w: Path) -> Path:
     """A run folder of a geodbk without markers: only run entries."""
     shutil.copytree(w / "run", w / "r", copy_function=os.link)
@@ -299,6 +309,9 @@ FIT_CASES: dict[str, tuple[Callable[[Path], Path], str, str, str]] = {
     "file-at-run": (file_at_run, "dataset.parquet", "refused", "refused"),
     "parent-is-file": (parent_is_file, "dataset.parquet", "refused", "refused"),
     "run-of-another-region": (lambda w: w / "run", "hawaii.parquet", "refused", "refused"),
+    "metrics-not-a-table": (run_with_metrics('a,"b\n\xff'), "dataset.parquet", "refused", "refused"),
+    "metrics-of-something-else": (run_with_metrics("x,y\n1,2\n"), "dataset.parquet", "refused", "refused"),
+    "metrics-empty": (run_with_metrics(""), "dataset.parquet", "refused", "refused"),
 }
 
 
