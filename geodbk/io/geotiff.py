@@ -150,16 +150,30 @@ def _read_every_block(path: Path) -> None:
 @contextmanager
 def _gdal_stderr() -> Iterator[BinaryIO]:
     """Collect what C libraries print on file descriptor 2 (GDAL, libtiff) in a temporary file
-    instead of the terminal, so that a failure is one line (with the printed cause)."""
-    sys.stderr.flush()
+    instead of the terminal, so that a failure is one line (with the printed cause). Python's own
+    ``sys.stderr``, when it writes to descriptor 2, keeps writing to the terminal meanwhile."""
+    python_stderr = sys.stderr
+    python_stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as printed:
         os.dup2(printed.fileno(), 2)
+        if _writes_to_fd2(python_stderr):
+            sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)
         try:
             yield printed
         finally:
+            if sys.stderr is not python_stderr:
+                sys.stderr.close()
+                sys.stderr = python_stderr
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def _writes_to_fd2(stream: object) -> bool:
+    try:
+        return stream.fileno() == 2  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # a captured or in-memory stream
+        return False
 
 
 def _text(printed: BinaryIO) -> str:
