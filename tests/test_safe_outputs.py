@@ -38,8 +38,8 @@ def small_grid(height: int = 4, width: int = 5, seed: int | None = None) -> xr.D
         values = np.ones((2, height, width))
     else:
         values = np.random.default_rng(seed).random((2, height, width))
-    ds = xr.Dataset({"mean": (("y", "x"), values[0].astype(np.float32)), "sd": (("y", "x"), values[1].astype(np.float32))},
-                    coords={"y": 18.5 - 0.001 * np.arange(height), "x": -66.9 + 0.001 * np.arange(width)})
+    layers = {"mean": (("y", "x"), values[0].astype(np.float32)), "sd": (("y", "x"), values[1].astype(np.float32))}
+    ds = xr.Dataset(layers, coords={"y": 18.5 - 0.001 * np.arange(height), "x": -66.9 + 0.001 * np.arange(width)})
     return ds.rio.write_crs(4326)
 
 

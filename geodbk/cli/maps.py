@@ -97,8 +97,9 @@ def _run_predict(args: argparse.Namespace) -> int:
         from geodbk.maps.parallel import parse_scheduler
 
         parse_scheduler(args.dask_scheduler)
+    # before the model loads: the output (which may not hold the inputs) and the device
     inputs = [args.model, *([args.dataset] if args.dataset else [])]
-    check_store(args.out, parallel=args.dask_scheduler is not None, name="--out", inputs=inputs)  # before the model loads
+    check_store(args.out, parallel=args.dask_scheduler is not None, name="--out", inputs=inputs)
     check_device(args.device)
     when: str | list[str] | None = None if args.quarter is None else parse_quarter(args.quarter)
     change = parse_change(args.change)

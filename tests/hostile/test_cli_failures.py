@@ -27,7 +27,8 @@ COARSE = ("--resolution", "0.1", "--no-progress")
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, pr_dataset) -> Path:
     root = tmp_path_factory.mktemp("hostile-failures")
-    fit_dataset(pr_dataset, "knn", train_config=TrainConfig(epochs=1, progress=False, device="cpu")).save(root / "knn.pt")
+    model = fit_dataset(pr_dataset, "knn", train_config=TrainConfig(epochs=1, progress=False, device="cpu"))
+    model.save(root / "knn.pt")
     pr_dataset.save(root / "dataset.parquet")
     assert main(["predict", "--model", str(root / "knn.pt"), "--out", str(root / "grid.nc"), *COARSE]) == 0
     (root / "p.geojson").write_text('{"type": "FeatureCollection", "features": []}')

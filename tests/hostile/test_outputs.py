@@ -196,7 +196,9 @@ ZARR_SCENES: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "parent-is-file": (lambda w, out: a_file_as_parent(out), "refused"),
 }
 ZARR_WRITERS = {"predict-zarr": predict, "export-zarr": export_zarr}
-ZARR_CASES = [(writer, scene, overwrite) for writer in ZARR_WRITERS for scene in ZARR_SCENES for overwrite in (False, True)]
+ZARR_CASES = [
+    (writer, scene, overwrite) for writer in ZARR_WRITERS for scene in ZARR_SCENES for overwrite in (False, True)
+]
 
 
 @pytest.mark.parametrize(("writer", "scene", "overwrite"), ZARR_CASES,
