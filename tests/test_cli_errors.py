@@ -90,6 +90,11 @@ BAD = {
                             "none.nc"),
     "ingest missing tiles": (lambda f: ["ingest", "--tiles", str(f / "none.parquet")], "none.parquet"),
     "unknown command": (lambda f: ["train"], "train"),
+    # non-finite numbers and devices that are not there (issue 19)
+    "predict nan threshold": (lambda f: predict_args(f, "--threshold", "nan"), "finite"),
+    "fit inf lr": (lambda f: fit_args(f, "--lr", "inf"), "finite"),
+    "predict unknown device": (lambda f: predict_args(f, "--device", "gpu"), "not a torch device"),
+    "fit unknown device": (lambda f: fit_args(f, "--device", "tpu:0"), "not a torch device"),
 }
 
 
@@ -109,6 +114,15 @@ def test_non_finite_training_loss_is_one_line(files, capsys, monkeypatch) -> Non
     monkeypatch.setattr(geodbk.fit.geomodel, "fit_dataset", diverge)
     assert_one_line_error(capsys, fit_args(files, "--models", "dbk-rbf"), "nan at epoch 3")
     assert not (files / "run").exists()  # nothing written for a failed fit
+
+
+def test_cuda_on_a_machine_without_it_says_so(files, capsys) -> None:
+    """--device cuda on CPU-only torch said "not a geodbk model file"."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert_one_line_error(capsys, predict_args(files, "--device", "cuda"), "CUDA is not available")
 
 
 def test_console_entry_and_module_print_one_line(files) -> None:
