@@ -40,8 +40,11 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ingest(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from geodbk.dataset.spatial_dataset import sample_tiles_path
     from geodbk.errors import InputDataError
+    from geodbk.fileio import check_output
     from geodbk.ingest.ookla import ookla_url
     from geodbk.ingest.sources import download_limits
 
@@ -60,6 +63,8 @@ def _run_ingest(args: argparse.Namespace) -> int:
         tiles = [ookla_url(args.service, args.year, args.quarter)]
     else:
         tiles = [sample_tiles_path(args.region)]
+    if args.out:  # before any download or reading: the output may not replace a folder or an input
+        check_output(args.out, name="--out", inputs=[path for path in tiles if Path(path).exists()])
     max_bytes = None if args.max_download_mb is None else int(args.max_download_mb * 1e6)
     with download_limits(max_bytes, args.download_deadline):
         dataset = _build(args, tiles)

@@ -238,6 +238,7 @@ OWN_INPUT: dict[str, Callable[[Path], list[str]]] = {
     "export-tiles-onto-its-dataset": lambda w: export_tiles(w, w / "dataset.parquet"),
     "export-tiles-onto-its-model": lambda w: export_tiles(w, w / "knn.pt"),
     "export-zarr-onto-the-folder-of-its-grid": lambda w: ["export", "--grid", str(w / "grid.nc"), "--zarr", str(w)],
+    "ingest-onto-its-tiles": lambda w: ["ingest", "--tiles", str(w / "tiles.parquet"), "--out", str(w / "tiles.parquet")],
     "summarize-onto-its-polygons": lambda w: ["summarize", "--model", str(w / "knn.pt"), "--polygons",
                                               str(w / "p.geojson"), "--out", str(w / "p.geojson")],
 }
@@ -248,6 +249,7 @@ OWN_INPUT: dict[str, Callable[[Path], list[str]]] = {
 def test_an_output_never_replaces_its_own_input(hostile, work, case: str, overwrite: bool) -> None:
     (work / "knn.nc").write_bytes((work / "grid.nc").read_bytes())  # a grid named like the model, for one case
     (work / "p.geojson").write_text('{"type": "FeatureCollection", "features": []}')
+    (work / "tiles.parquet").write_bytes(b"PAR1 tiles of some region")
     outcome = hostile(OWN_INPUT[case](work) + (["--overwrite"] if overwrite else []), work, expect="refused")
     assert "would replace the input" in outcome.stderr[-1], outcome.stderr
 
