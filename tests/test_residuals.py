@@ -272,6 +272,33 @@ def test_fit_recovers_the_tile_variance_and_beats_the_zero_correction(synthetic)
     assert 0.25 < field.kernel.variance_scale < 1.0
 
 
+#: The scale of the test-count noise in :func:`test_fit_recovers_separate_scales_of_tile_and_test_noise`.
+TRUE_TEST_SCALE = 1.6
+
+
+def test_fit_recovers_separate_scales_of_tile_and_test_noise(synthetic):
+    """Rows whose noise is s v + s_t u (v the tile-mean part; u = sigma1^2 / tests, half the rows
+    with 1 test and half with 100; s = 0.5, s_t = 1.6): given both parts, the fit finds both
+    scales; given only their sum (one scale, as before the split) it cannot, and its variances
+    of one-test rows come out too small. Fitted on the 800 val + test rows (300 val rows alone
+    leave 7 hyperparameters loosely identified)."""
+    rng = np.random.default_rng(11)
+    parts = {}
+    for name, (lonlat, years, residual, noise_var) in synthetic.items():
+        test_var = 0.4 / rng.choice([1.0, 100.0], size=len(residual))
+        residual = residual + np.sqrt(TRUE_TEST_SCALE * test_var) * rng.standard_normal(len(residual))
+        parts[name] = (lonlat, years, residual, noise_var, test_var)
+    (*train, train_u) = parts["train"]
+    *val, val_u = (np.concatenate(a) for a in zip(parts["val"], parts["test"]))
+    split = ResidualField.fit(*train, *val, train_test_var=train_u, val_test_var=val_u)
+    one = ResidualField.fit(*train[:3], train[3] + train_u, *val[:3], val[3] + val_u)
+    # seen: s 0.48, s_t 1.41; one scale: 1.11 on both parts
+    assert 0.3 < split.kernel.variance_scale < 0.8
+    assert 1.2 < split.kernel.test_noise_scale < 2.0
+    one_test = val_u > 0.1
+    assert one.kernel.variance_scale * val_u[one_test].mean() < 0.85 * TRUE_TEST_SCALE * val_u[one_test].mean()
+
+
 # ----------------------------------------------------------------------------- GeoModel integration
 
 
@@ -323,7 +350,10 @@ def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters
     tests = train["tests"].to_numpy(np.float64)
     gp = pr_model.regressor.predict(pr_model.inputs.features(lonlat, years), tests=tests)
     np.testing.assert_allclose(field.residual, train["y"].to_numpy() - gp.mean, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(field.noise_var, gp.measurement_sd**2, rtol=1e-9)
+    # the training rows' noise, split into the GP's tile-mean part and its test-count part
+    np.testing.assert_allclose(field.noise_var, gp.sd**2, rtol=1e-9)
+    np.testing.assert_allclose(field.test_var, gp.measurement_sd**2 - gp.sd**2, rtol=1e-9)
+    assert field.test_var.min() > 0.0
     np.testing.assert_array_equal(field.years, years)
     np.testing.assert_allclose(field.xy_m, field.projection.to_metres(lonlat), rtol=0, atol=1e-6)
     assert field.neighbours == 16
@@ -332,7 +362,8 @@ def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters
 def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
     from geodbk.dataset.quarters import quarter_years
 
-    field, s = pr_model.residuals, pr_model.residuals.kernel.variance_scale
+    field = pr_model.residuals
+    s, s_t = field.kernel.variance_scale, field.kernel.test_noise_scale
     rows = train_then_test_rows(pr_two_quarters)
     lonlat, years = rows[["lon", "lat"]].to_numpy(np.float64), quarter_years(rows["year"], rows["quarter"])
     tests = rows["tests"].to_numpy(np.float64)
@@ -341,7 +372,8 @@ def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
     shift, var = field.condition(lonlat, years)
     np.testing.assert_allclose(got.mean, gp.mean + shift, rtol=0, atol=1e-12)
     np.testing.assert_allclose(got.sd, np.sqrt(s * gp.sd**2 + var), rtol=1e-12)
-    np.testing.assert_allclose(got.measurement_sd, np.sqrt(s * gp.measurement_sd**2 + var), rtol=1e-12)
+    test_noise = gp.measurement_sd**2 - gp.sd**2
+    np.testing.assert_allclose(got.measurement_sd, np.sqrt(s * gp.sd**2 + s_t * test_noise + var), rtol=1e-12)
     # the correction is real: on training rows (first in `rows`) the shift follows the residual
     n_train = len(pr_two_quarters.subset("train"))
     assert np.abs(shift).max() > 0.05
@@ -410,22 +442,50 @@ def test_change_variance_is_exact_joint_conditioning_of_the_pair(small):
     assert (var > 0).all() and (var < 2 * KERNEL.prior_var).all()
 
 
-def test_area_variance_is_exact_on_the_diagonal_and_fully_correlated_within_a_tile(small):
+def dense_conditional_covariance(kernel, projection, train, noise_var, query) -> np.ndarray:
+    """Exact conditional covariance of the local part at the queries given all training rows, (q, q)."""
+    (keys, t), (q_keys, q_t) = train, query
+    xy, q_xy = projection.to_metres(quadkey_centres(keys)), projection.to_metres(quadkey_centres(q_keys))
+    A = dense_kernel(kernel, xy, keys, t, xy, keys, t) + kernel.variance_scale * np.diag(noise_var)
+    k = dense_kernel(kernel, q_xy, q_keys, q_t, xy, keys, t)
+    return dense_kernel(kernel, q_xy, q_keys, q_t, q_xy, q_keys, q_t) - k @ np.linalg.solve(A, k.T)
+
+
+def test_area_condition_with_all_rows_is_the_exact_conditional_variance(small, monkeypatch):
+    """Neighbourhoods holding every training row and no distance cutoff: the area variance is
+    w^T C w of the exact conditional covariance C (to 1e-12)."""
+    from geodbk.fit import residuals
+
+    monkeypatch.setattr(residuals, "AREA_CUTOFF_RANGES", 100.0)
+    keys, years, residual, noise_var, q_keys, q_years = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=len(keys))
+    queries = np.concatenate([q_keys[:8], keys[:4]])  # training tiles, unseen tiles, near and far
+    lonlat, when = quadkey_centres(queries), np.full(len(queries), 2023.875)
+    groups, weights = np.array([0] * 6 + [1] * 6), np.linspace(0.5, 2.0, 12)
+    shift, area = field.area_condition(lonlat, when, weights, groups, 2)
+    C = dense_conditional_covariance(KERNEL, field.projection, (keys, years), noise_var, (queries, when))
+    expected = [weights[groups == g] @ C[np.ix_(groups == g, groups == g)] @ weights[groups == g] for g in (0, 1)]
+    np.testing.assert_allclose(area, expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(shift, field.condition(lonlat, when)[0], rtol=0, atol=1e-12)
+
+
+def test_area_condition_is_exact_on_the_diagonal_and_fully_correlated_within_a_tile(small):
     keys, years, residual, noise_var, *_ = small
     field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
-    lonlat = quadkey_centres(keys[:3])
-    v = np.array([0.04, 0.09, 0.01])
-    one = field.area_variance(lonlat, v, np.ones(3), np.arange(3), 3)
+    lonlat, when = quadkey_centres(keys[:3]), np.full(3, 2023.875)
+    _, v = field.condition(lonlat, when)
+    _, one = field.area_condition(lonlat, when, np.ones(3), np.arange(3), 3)
     np.testing.assert_allclose(one, v, rtol=0, atol=1e-15)
-    # two points in the same tile (its centre and a corner-ward point) are one tile: (a1 + a2)^2
+    # two points in the same tile (its centre and a corner-ward point) are one tile: v
     west, south, east, north = quadkey_bounds(keys[:1])[0]
     same = np.array([lonlat[0], [west + 0.1 * (east - west), south + 0.1 * (north - south)]])
-    both = field.area_variance(same, np.array([0.04, 0.09]), np.array([0.5, 0.5]), np.zeros(2, int), 1)
-    assert both[0] == pytest.approx((0.5 * 0.2 + 0.5 * 0.3) ** 2, rel=1e-12)
-    # two far-apart tiles are nearly independent: the variance of the average is about (v1 + v2) / 4
-    far = field.area_variance(np.array([[-66.06, 18.45], [-66.5, 18.2]]), np.array([0.04, 0.09]),
-                              np.array([0.5, 0.5]), np.zeros(2, int), 1)
-    assert far[0] == pytest.approx(0.25 * (0.04 + 0.09), rel=1e-9)
+    _, both = field.area_condition(same, when[:2], np.array([0.5, 0.5]), np.zeros(2, int), 1)
+    assert both[0] == pytest.approx(v[0], rel=1e-12)
+    # two far-apart tiles are independent: the variance of the average is (v1 + v2) / 4
+    far = np.array([[-66.06, 18.45], [-66.5, 18.2]])
+    _, v_far = field.condition(far, when[:2])
+    _, average = field.area_condition(far, when[:2], np.array([0.5, 0.5]), np.zeros(2, int), 1)
+    assert average[0] == pytest.approx(0.25 * v_far.sum(), rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- forecast horizon
@@ -441,12 +501,13 @@ def test_pseudo_forecast_recovers_a_known_relative_excess_variance():
     far = (SAN_JUAN[0] + 0.5, SAN_JUAN[1])  # 50 km away: no correction, conditional var = prior var
     val_lonlat = np.column_stack([far[0] + rng.uniform(-0.1, 0.1, 3000), far[1] + rng.uniform(-0.1, 0.1, 3000)])
     gp_var = rng.uniform(0.02, 0.2, size=3000)
-    total = KERNEL.combine(gp_var, np.full(3000, KERNEL.prior_var))
+    test_var = rng.uniform(0.01, 0.3, size=3000)
+    total = KERNEL.combine(gp_var, np.full(3000, KERNEL.prior_var), test_var)
     residual = rng.normal(0.0, np.sqrt(1.5 * total))
-    rate = field._pseudo_forecast_rate(val_lonlat, np.full(3000, 2023.625), residual, gp_var)
+    rate = field._pseudo_forecast_rate(val_lonlat, np.full(3000, 2023.625), residual, gp_var, test_var)
     assert rate * 0.25 == pytest.approx(0.5, abs=0.08)
     # no last-quarter validation rows, or one training quarter: no rate
-    assert field._pseudo_forecast_rate(val_lonlat, np.full(3000, 2023.375), residual, gp_var) == 0.0
+    assert field._pseudo_forecast_rate(val_lonlat, np.full(3000, 2023.375), residual, gp_var, test_var) == 0.0
 
 
 @pytest.mark.filterwarnings("ignore::geodbk.errors.ExtrapolationWarning")  # quarters after the fitted ones, by design
@@ -474,3 +535,17 @@ def test_forecast_variance_grows_with_the_horizon(pr_model):
     assert (change.sd > plain_change.sd).all()
     np.testing.assert_allclose(change.sd_to**2, 1.6 * plain_change.sd_to**2, rtol=1e-9)
     np.testing.assert_allclose(change.sd_from, plain_change.sd_from, rtol=1e-12)
+
+
+def test_a_field_saved_before_the_test_noise_scale_loads_as_it_was(small):
+    """Payloads without ``test_var`` (their ``noise_var`` is the whole measurement variance) load
+    with zero test noise and s_t = s, so they predict as they did."""
+    keys, years, residual, noise_var, q_keys, q_years = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    old = field.to_payload()
+    del old["test_var"], old["kernel"]["test_noise_scale"]
+    back = ResidualField.from_payload(old)
+    assert back.kernel.test_noise_scale == KERNEL.variance_scale and not back.test_var.any()
+    lonlat = quadkey_centres(q_keys)
+    for ours, theirs in zip(field.condition(lonlat, q_years), back.condition(lonlat, q_years)):
+        np.testing.assert_array_equal(theirs, ours)

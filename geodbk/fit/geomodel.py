@@ -136,16 +136,14 @@ class GeoModel:
         self, prediction: Prediction, shift: np.ndarray, var: np.ndarray, years: np.ndarray
     ) -> Prediction:
         """The GP's prediction plus the local field's kriged residual ``shift`` and its conditional
-        ``var`` at times ``years``: mean + shift, sd^2 -> F(t) (s sd^2 + var) (both sds), F the
-        forecast horizon's factor (:meth:`~geodbk.fit.residuals.ResidualField.horizon_factor`)."""
+        ``var`` at times ``years``: mean + shift, sd^2 -> F(t) (s sd^2 + var), measurement_sd^2 ->
+        F(t) (s sd^2 + s_t (measurement_sd^2 - sd^2) + var), F the forecast horizon's factor
+        (:meth:`~geodbk.fit.residuals.ResidualField.horizon_factor`)."""
         assert self.residuals is not None  # only called with a residual field
-        kernel, factor = self.residuals.kernel, self.residuals.horizon_factor(years)
-
-        def widened(sd: np.ndarray) -> np.ndarray:
-            return np.sqrt(factor * kernel.combine(sd**2, var))
-
-        measurement_sd = None if prediction.measurement_sd is None else widened(prediction.measurement_sd)
-        return Prediction(prediction.mean + shift, widened(prediction.sd), measurement_sd)
+        kernel, factor, tile_var = self.residuals.kernel, self.residuals.horizon_factor(years), prediction.sd**2
+        measurement_sd = None if prediction.measurement_sd is None else np.sqrt(
+            factor * kernel.combine(tile_var, var, prediction.measurement_sd**2 - tile_var))
+        return Prediction(prediction.mean + shift, np.sqrt(factor * kernel.combine(tile_var, var)), measurement_sd)
 
     def predict_series(
         self, lonlat: np.ndarray, times: Sequence[TimeLike], *, batch_size: int = 65536
@@ -227,7 +225,7 @@ class GeoModel:
         The variance is exact for the GP: ``s (||L^T sum_i w_i phi_i||^2 + sigma0^2 sum_i w_i^2)``
         for a basis GP (each cell's tile-quarter noise is independent), with the Nystrom
         residual of inducing-point kinds added pairwise. The local residual field adds
-        :meth:`~geodbk.fit.residuals.ResidualField.area_variance`. A group without points gets NaN.
+        :meth:`~geodbk.fit.residuals.ResidualField.area_condition`. A group without points gets NaN.
         """
         self._require_kernel()
         lonlat = _lonlat(lonlat, "lonlat")
@@ -247,10 +245,8 @@ class GeoModel:
         var += np.bincount(groups, weights=w**2 * self.regressor.tile_noise_variance(X), minlength=n_groups)
         if self.residuals is not None:
             years = self._years(time, len(lonlat))
-            shift, local_var = self.residuals.condition(lonlat, years)
-            mean = mean + shift
-            local = self.residuals.area_variance(lonlat, local_var, w, groups, n_groups)
-            var = self.residuals.kernel.combine(var, local)
+            shift, local = self.residuals.area_condition(lonlat, years, w, groups, n_groups)
+            mean, var = mean + shift, self.residuals.kernel.combine(var, local)
             if len(years):  # one quarter: the forecast factor is the same for every point
                 var = var * float(self.residuals.horizon_factor(years[0]))
         empty = totals <= 0
@@ -431,8 +427,10 @@ def fit_dataset(
     if local_residuals and protocol == "space-time" and regressor.has_kernel:
         train_pred, val_pred = regressor.predict(X, tests=tests), regressor.predict(X_val, tests=tests_val)
         residuals = ResidualField.fit(
-            lonlat, years, y - train_pred.mean, train_pred.measurement().sd**2,
-            lonlat_val, years_val, y_val - val_pred.mean, val_pred.measurement().sd**2,
+            lonlat, years, y - train_pred.mean, train_pred.sd**2,
+            lonlat_val, years_val, y_val - val_pred.mean, val_pred.sd**2,
+            train_test_var=train_pred.measurement().sd**2 - train_pred.sd**2,
+            val_test_var=val_pred.measurement().sd**2 - val_pred.sd**2,
         )
     meta = {
         "kind": kind,
