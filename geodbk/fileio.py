@@ -30,6 +30,10 @@ into the same folder sweeps temporaries whose process is gone (:func:`sweep`).
 Replacing an existing folder takes two renames (old aside, new into place), so for a moment
 nothing is at the target; a reader then sees "no output", never a mix of old and new. A
 folder put aside by a process killed between the two renames is put back by :func:`sweep`.
+
+Size: the write rule, the staged names, the sweep and the folder commit are one mechanism
+(the sweep finishes interrupted commits and removes staged names by their pid), so they stay
+in one module rather than importing each other's internals.
 """
 
 from __future__ import annotations

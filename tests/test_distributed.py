@@ -184,8 +184,9 @@ def test_fit_nproc_2_writes_the_run_once_with_the_one_process_metrics(small_data
                            "--nproc", "2"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("dbk-rbf: best epoch") == 1 and done.stdout.count("split: train") == 1, done.stdout
-    assert sorted(p.name for p in (tmp_path / "two").rglob("*")) == [
+    assert sorted(p.name for p in (tmp_path / "two").rglob("*") if not p.name.startswith(".")) == [
         "dataset.parquet", "dbk-rbf.pt", "metrics.csv", "metrics.json", "models"]
+    assert sorted(p.name for p in (tmp_path / "two").glob(".*")) == [".geodbk", ".geodbk.lock"]  # marker, lock
     assert main(_fit_command(small_dataset, tmp_path / "one")) == 0
     two, one = (pd.read_csv(tmp_path / run / "metrics.csv") for run in ("two", "one"))
     np.testing.assert_allclose(two["NLL"], one["NLL"], atol=1e-4)
