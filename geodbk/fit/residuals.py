@@ -100,7 +100,7 @@ class LocalKernel:
         """k_local(x, x)."""
         return self.tile_var + self.tile_time_var + self.local_var
 
-    def combine(self, gp: np.ndarray, local: np.ndarray, test_noise: np.ndarray | float = 0.0) -> np.ndarray:
+    def combine(self, gp: np.ndarray, local: np.ndarray | float, test_noise: np.ndarray | float = 0.0) -> np.ndarray:
         """The map model's (co)variance from its parts: ``s * gp + local``, plus ``s_t * test_noise``
         for a measurement (``test_noise`` the GP's sigma1^2 / tests)."""
         return self.variance_scale * gp + local + self.test_noise_scale * np.asarray(test_noise)
