@@ -237,7 +237,8 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
             "sd from the joint posterior (not the mean of the cell sds), the geometric-mean speed with a 95% "
             "interval, the expected share of the area below the speed benchmark, and the number of observed "
             "(training) tiles inside. Polygons keep their columns and CRS. By default only polygons that "
-            "overlap the model's region are kept."
+            "overlap the model's region are kept. Polygons are summarised in blocks of whole polygons of about "
+            "262k cells, so memory follows the largest polygon, not the number of polygons."
         ),
         epilog="example: geodbk summarize --model outputs/demo/models/dbk-rbf.pt "
         "--polygons data/cb_2018_us_county_20m.zip --quarter 2023Q4 --out pr_municipios.parquet",
@@ -257,6 +258,11 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
                    help="keep polygons that do not overlap the model's region (they are extrapolation)")
     p.add_argument("--max-cells", type=int, metavar="N",
                    help="most averaging cells accepted over the polygons (default: what 4 GiB holds)")
+    p.add_argument("--dask-scheduler", metavar="ADDRESS|local|local:N",
+                   help="summarise the blocks of polygons in parallel on a Dask cluster: a scheduler address "
+                   "(tcp://host:8786), or 'local' / 'local:N' for N single-threaded worker processes on this "
+                   "machine (default 2); the model goes to each worker once, and the table is the serial one")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_extrapolation_option(p)
     p.set_defaults(handler=_run_summarize)
 
@@ -285,6 +291,10 @@ def _run_summarize(args: argparse.Namespace) -> int:
     check_map_options(args)
     if args.max_cells is not None and args.max_cells < 1:
         raise InputDataError(f"--max-cells must be >= 1, got {args.max_cells}")
+    if args.dask_scheduler is not None:
+        from geodbk.maps.parallel import parse_scheduler
+
+        parse_scheduler(args.dask_scheduler)
     model = GeoModel.load(args.model)
     polygons = read_polygons(args.polygons, what="polygon", keep_crs=True)
     if not args.all_polygons and model.meta.get("region"):
@@ -300,7 +310,7 @@ def _run_summarize(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     summary = summarize_polygons(
         model, polygons, time=quarter, resolution=args.resolution or DEFAULT_RESOLUTION,
-        threshold=threshold_option(args),
+        threshold=threshold_option(args), client=args.dask_scheduler, progress=not args.no_progress,
     )
     write_summary(summary, args.out)
     print(f"wrote {args.out}: {len(summary)} polygons, quarter {summary['quarter'].iloc[0]}, "

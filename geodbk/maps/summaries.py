@@ -1,8 +1,8 @@
 """Area summaries: a fitted model's speed averaged over polygons (counties, tracts, any areas).
 
 :func:`summarize_polygons` covers each polygon with the cells of a regular grid (cell centres
-inside the polygon; a polygon too small to hold a centre gets its representative point) and
-reports, per polygon and quarter:
+inside the polygon, found by rasterising it, :mod:`geodbk.maps.cover`; a polygon too small to
+hold a centre gets its representative point) and reports, per polygon and quarter:
 
 =====================  ==================================================================
 ``cells``              grid cells averaged
@@ -18,30 +18,53 @@ reports, per polygon and quarter:
 =====================  ==================================================================
 
 The polygons keep their own columns, geometry and CRS.
+
+Polygons are summarised in blocks of whole polygons holding about ``cells_per_block`` cells
+(:class:`SummaryJob`), so memory follows the block and the largest polygon, not the number of
+polygons: every contiguous-US county at 1 km is 8 million cells in about 40 blocks. A polygon's
+cells are never split between blocks, since its joint variance needs all of them together;
+a polygon's results do not depend on the others in its block. Given a Dask ``client`` the
+blocks run on the cluster's workers (:mod:`geodbk.maps.parallel`), as ``predict_grid``'s row
+blocks do, and the table is the serial one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import geopandas as gpd
 import numpy as np
 import pyproj
 import shapely
+from shapely.geometry.base import BaseGeometry
+from tqdm.auto import tqdm
 
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fileio import atomic_path, write_failure
+from geodbk.maps.cover import cell_count, cover
 from geodbk.maps.geometry import RegularGrid
+from geodbk.maps.predict import CaughtWarning
 from geodbk.maps.schema import model_meta
 from geodbk.maps.thresholds import DEFAULT, resolve_threshold
 from geodbk.prediction import probability_below, to_data_units
 
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from distributed import Client
+
 #: Cell side of the summary grid when none is given: 0.005 degrees, about one zoom-16 tile.
 DEFAULT_RESOLUTION = 0.005
+#: Averaging cells per block of polygons (a polygon with more is a block of its own).
+CELLS_PER_BLOCK = 1 << 18
+#: Margin around a block's lon/lat bounds within which training tiles are tested against its
+#: polygons (degrees; far more than an edge bends between the polygons' CRS and lon/lat).
+BOUNDS_PAD_DEG = 0.05
 #: Output formats by file suffix.
 SUMMARY_FORMATS = (".parquet", ".geoparquet", ".geojson", ".json", ".csv")
+PROGRESS_LABEL = "summarising polygons"
 
 
 def polygons_in_region(polygons: gpd.GeoDataFrame, region: shapely.Geometry) -> gpd.GeoDataFrame:
@@ -55,26 +78,103 @@ def polygons_in_region(polygons: gpd.GeoDataFrame, region: shapely.Geometry) -> 
     return polygons[keep]
 
 
+def polygon_grids(polygons: gpd.GeoDataFrame, resolution: float | str = DEFAULT_RESOLUTION) -> list[RegularGrid]:
+    """Each polygon's averaging grid: :meth:`RegularGrid.over` its lon/lat shape at ``resolution``
+    (degrees, or ``"500m"`` style for the polygon's UTM zone). Grids are snapped to multiples of
+    ``resolution``, so neighbouring polygons in one CRS share a lattice."""
+    return [RegularGrid.over(geometry, resolution) for geometry in polygons.to_crs(4326).geometry]
+
+
 def polygon_cells(
     polygons: gpd.GeoDataFrame, resolution: float | str = DEFAULT_RESOLUTION
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Cells covering each polygon: lon/lat (m, 2) degrees, polygon index (m,) and cell
-    weight (m,) proportional to its area (cos(latitude) for a degree grid).
+    """Cells covering each polygon, all at once: lon/lat (m, 2) degrees, polygon index (m,) and
+    cell weight (m,) proportional to its area (cos(latitude) for a degree grid); see
+    :func:`polygon_grids` and :func:`geodbk.maps.cover.cover`."""
+    return cover(polygon_grids(polygons, resolution))
 
-    Grids are snapped to multiples of ``resolution``, so neighbouring polygons share a lattice.
+
+@dataclasses.dataclass(frozen=True)
+class PolygonBlock:
+    """Whole polygons summarised together: their row positions in the frame (k,), their averaging
+    grids (lon/lat shapes, :func:`polygon_grids`) and their shapes in the frame's own CRS."""
+
+    positions: np.ndarray
+    grids: Sequence[RegularGrid]
+    shapes: Sequence[BaseGeometry]
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSummary:
+    """A block's results, one value per polygon (k,): cells, area mean and joint sd (log10 units),
+    share of the area below the threshold (``None`` without one), observed tiles, and the
+    warnings raised while predicting."""
+
+    positions: np.ndarray
+    cells: np.ndarray
+    mean: np.ndarray
+    sd: np.ndarray
+    share_below: np.ndarray | None
+    observed_tiles: np.ndarray
+    warnings: list[CaughtWarning]
+
+
+@dataclasses.dataclass
+class SummaryJob:
+    """Summarises one :class:`PolygonBlock`: what every block needs but its polygons.
+
+    The serial path calls it for each block; on a Dask cluster it is sent once to each worker
+    (:func:`geodbk.maps.parallel.map_blocks`). ``level`` is the threshold in data units (or
+    ``None``), ``crs`` the polygons' own CRS.
     """
-    lonlat_parts, group_parts = [], []
-    for index, geometry in enumerate(polygons.to_crs(4326).geometry):
-        cells = RegularGrid.over(geometry, resolution).cells_inside()
-        if len(cells) == 0:
-            point = geometry.representative_point()
-            cells = np.array([[point.x, point.y]])
-        lonlat_parts.append(cells)
-        group_parts.append(np.full(len(cells), index))
-    lonlat = np.concatenate(lonlat_parts) if lonlat_parts else np.empty((0, 2))
-    groups = np.concatenate(group_parts) if group_parts else np.empty(0, dtype=np.int64)
-    weights = np.cos(np.radians(lonlat[:, 1]))
-    return lonlat, groups.astype(np.int64), weights
+
+    model: Any
+    quarter: str | None
+    level: float | None
+    crs: pyproj.CRS
+
+    def __call__(self, block: PolygonBlock) -> BlockSummary:
+        lonlat, groups, weights = cover(block.grids)
+        n = len(block.grids)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ExtrapolationWarning)
+            area = self.model.predict_areas(lonlat, groups, n, self.quarter, weights=weights)
+            share = None
+            if self.level is not None:  # the cells' own distributions, for the exceedance share
+                cell = self.model.predict(lonlat, self.quarter)
+                below = probability_below(cell.mean, cell.sd, np.log10(self.level))
+                totals = np.bincount(groups, weights=weights, minlength=n)
+                share = np.bincount(groups, weights=weights * below, minlength=n) / totals
+        return BlockSummary(
+            block.positions, np.bincount(groups, minlength=n), area.mean, area.sd, share,
+            _observed_tiles(self.model, block, self.crs),
+            [CaughtWarning(w.category, str(w.message), w.filename, w.lineno) for w in caught],
+        )
+
+
+def polygon_blocks(
+    polygons: gpd.GeoDataFrame, resolution: float | str = DEFAULT_RESOLUTION, cells_per_block: int = CELLS_PER_BLOCK
+) -> list[PolygonBlock]:
+    """The polygons in frame order, cut into blocks of whole polygons of at most
+    ``cells_per_block`` averaging cells each (a larger polygon alone in its block).
+
+    Holds each polygon's grid, not its cells: cells are counted here (a rasterisation per
+    polygon) and made again by the block's job."""
+    if cells_per_block < 1:
+        raise InputDataError(f"cells_per_block must be >= 1, got {cells_per_block}")
+    grids = polygon_grids(polygons, resolution)
+    shapes = list(polygons.geometry)
+    blocks: list[PolygonBlock] = []
+    start, held = 0, 0
+    for position, grid in enumerate(grids):
+        cells = cell_count(grid)
+        if held and held + cells > cells_per_block:
+            blocks.append(PolygonBlock(np.arange(start, position), grids[start:position], shapes[start:position]))
+            start, held = position, 0
+        held += cells
+    if grids:
+        blocks.append(PolygonBlock(np.arange(start, len(grids)), grids[start:], shapes[start:]))
+    return blocks
 
 
 def summarize_polygons(
@@ -84,6 +184,9 @@ def summarize_polygons(
     time: str | None = None,
     resolution: float | str = DEFAULT_RESOLUTION,
     threshold: float | str | None = DEFAULT,
+    cells_per_block: int = CELLS_PER_BLOCK,
+    client: Client | str | None = None,
+    progress: bool = False,
 ) -> gpd.GeoDataFrame:
     """Summarise a fitted :class:`~geodbk.fit.geomodel.GeoModel` (a GP kind) over each polygon.
 
@@ -94,6 +197,11 @@ def summarize_polygons(
         resolution: side of the averaging cells (degrees, or ``"500m"`` style).
         threshold: for ``share_below``, in data units; default the FCC benchmark of the
             model's service and target; ``None`` leaves the column out.
+        cells_per_block: averaging cells predicted together (whole polygons; module docstring).
+        client: summarise the blocks on a Dask cluster: a :class:`distributed.Client`, a
+            scheduler address (``"tcp://host:8786"``) or ``"local"`` / ``"local:N"``, as for
+            :func:`~geodbk.maps.predict.predict_grid`; the model is sent to each worker once.
+        progress: show a tqdm bar over blocks.
 
     Returns:
         The polygons with the columns listed in the module docstring added (and ``quarter``).
@@ -107,36 +215,65 @@ def summarize_polygons(
     meta = model_meta(model)
     level = resolve_threshold(threshold, meta)
     quarter = time or model.latest_quarter
-    lonlat, groups, weights = polygon_cells(polygons, resolution)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ExtrapolationWarning)
-        area = model.predict_areas(lonlat, groups, len(polygons), quarter, weights=weights)
-        cell = model.predict(lonlat, quarter)
-    if caught:
-        warnings.warn(str(caught[0].message), ExtrapolationWarning, stacklevel=2)
+    blocks = polygon_blocks(polygons, resolution, cells_per_block)
+    job = SummaryJob(model, quarter, level, pyproj.CRS.from_user_input(polygons.crs))
+    n = len(polygons)
+    cells, observed = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    mean, sd, share = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    extrapolating: dict[int, str] = {}
+    for index, done in _run_blocks(job, blocks, client, progress):
+        rows = done.positions
+        cells[rows], mean[rows], sd[rows], observed[rows] = done.cells, done.mean, done.sd, done.observed_tiles
+        if done.share_below is not None:
+            share[rows] = done.share_below
+        for w in done.warnings:
+            if issubclass(w.category, ExtrapolationWarning):
+                extrapolating.setdefault(index, w.message)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if extrapolating:  # once, with the first block's message
+        warnings.warn(extrapolating[min(extrapolating)], ExtrapolationWarning, stacklevel=2)
     key = str(meta.get("units", "Mbps")).lower()
     out = polygons.copy()
     out["quarter"] = quarter
-    out["cells"] = np.bincount(groups, minlength=len(polygons))
-    out["mean_log10"], out["sd_log10"] = area.mean, area.sd
-    out[f"median_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(area.mean, area.sd)
+    out["cells"] = cells
+    out["mean_log10"], out["sd_log10"] = mean, sd
+    out[f"median_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd)
     if level is not None:
-        below = probability_below(cell.mean, cell.sd, np.log10(level))
-        totals = np.bincount(groups, weights=weights, minlength=len(polygons))
-        out["share_below"] = np.bincount(groups, weights=weights * below, minlength=len(polygons)) / totals
+        out["share_below"] = share
         out["threshold"] = level
-    out["observed_tiles"] = _observed_tiles(model, polygons)
+    out["observed_tiles"] = observed
     return out
 
 
-def _observed_tiles(model: Any, polygons: gpd.GeoDataFrame) -> np.ndarray:
-    """Training tiles of ``model`` inside each polygon (-1 if the model has no tile locations)."""
+def _run_blocks(
+    job: SummaryJob, blocks: Sequence[PolygonBlock], client: Client | str | None, progress: bool
+) -> Iterator[tuple[int, BlockSummary]]:
+    """``(block index, its summary)`` for every block, here in order or on a Dask cluster as they finish."""
+    if client is None:
+        for index, block in enumerate(tqdm(blocks, desc=PROGRESS_LABEL, unit="block", disable=not progress)):
+            yield index, job(block)
+        return
+    from geodbk.maps.parallel import connect, map_blocks
+
+    with connect(client) as dask_client:
+        yield from map_blocks(dask_client, job, blocks, progress=progress, desc=PROGRESS_LABEL)
+
+
+def _observed_tiles(model: Any, block: PolygonBlock, crs: pyproj.CRS) -> np.ndarray:
+    """Training tiles of ``model`` inside each polygon of ``block`` (its shapes, in ``crs``), (k,);
+    -1 each if the model has no tile locations. The tiles are first cut to the polygons' lon/lat
+    bounds (padded by :data:`BOUNDS_PAD_DEG` for edges that bend between the CRSs), then matched
+    to the shapes through an STRtree (a tile on an edge is in neither, as with ``contains``)."""
     support = getattr(model, "support", None)
     if support is None:
-        return np.full(len(polygons), -1)
-    to_poly = pyproj.Transformer.from_crs(4326, polygons.crs, always_xy=True)
-    x, y = to_poly.transform(support[:, 0], support[:, 1])
-    return np.array([int(shapely.contains_xy(g, x, y).sum()) for g in polygons.geometry])
+        return np.full(len(block.shapes), -1)
+    west, south, east, north = shapely.total_bounds([grid.geometry for grid in block.grids])
+    near = support[(support[:, 0] >= west - BOUNDS_PAD_DEG) & (support[:, 0] <= east + BOUNDS_PAD_DEG)
+                   & (support[:, 1] >= south - BOUNDS_PAD_DEG) & (support[:, 1] <= north + BOUNDS_PAD_DEG)]
+    x, y = pyproj.Transformer.from_crs(4326, crs, always_xy=True).transform(near[:, 0], near[:, 1])
+    _, inside = shapely.STRtree(block.shapes).query(shapely.points(x, y), predicate="within")
+    return np.bincount(inside, minlength=len(block.shapes))
 
 
 def write_summary(frame: gpd.GeoDataFrame, path: str | Path, *, overwrite: bool = False) -> Path:
@@ -161,4 +298,7 @@ def write_summary(frame: gpd.GeoDataFrame, path: str | Path, *, overwrite: bool 
     return path
 
 
-__all__ = ["DEFAULT_RESOLUTION", "polygon_cells", "polygons_in_region", "summarize_polygons", "write_summary"]
+__all__ = [
+    "CELLS_PER_BLOCK", "DEFAULT_RESOLUTION", "BlockSummary", "PolygonBlock", "SummaryJob", "polygon_blocks",
+    "polygon_cells", "polygon_grids", "polygons_in_region", "summarize_polygons", "write_summary",
+]
