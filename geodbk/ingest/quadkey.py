@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+import pandas as pd
 import shapely
 
 from geodbk.errors import InputDataError
@@ -47,32 +48,26 @@ def quadkey_to_tile(quadkeys: str | Iterable[str]) -> tuple[np.ndarray, np.ndarr
     """
     arr = _as_object_array(quadkeys)
     n = arr.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if pd.api.types.infer_dtype(arr, skipna=False) != "string":
+        bad = int(sum(not isinstance(q, str) for q in arr))
+        raise InputDataError(f"{bad} quadkey(s) are missing or not strings")
+    text = arr.astype(np.str_)  # fixed-width: one uint32 code point per digit, 0 after the end
+    zoom = np.strings.str_len(text).astype(np.int64)
+    if zoom.min() < 1 or zoom.max() > 31:
+        raise InputDataError("quadkeys must have 1 to 31 digits")
+    codes = text.view(np.uint32).reshape(n, -1)
     x = np.zeros(n, dtype=np.int64)
     y = np.zeros(n, dtype=np.int64)
-    zoom = np.zeros(n, dtype=np.int64)
-    if n == 0:
-        return x, y, zoom
-    bad = np.array([not isinstance(q, str) for q in arr])
-    if bad.any():
-        raise InputDataError(f"{int(bad.sum())} quadkey(s) are missing or not strings")
-    lengths = np.fromiter((len(q) for q in arr), dtype=np.int64, count=n)
-    if lengths.min() < 1 or lengths.max() > 31:
-        raise InputDataError("quadkeys must have 1 to 31 digits")
-    for length in np.unique(lengths):
-        idx = np.flatnonzero(lengths == length)
-        digits = (
-            np.frombuffer("".join(arr[idx]).encode("ascii", "replace"), dtype=np.uint8)
-            .reshape(idx.size, length)
-            .astype(np.int64)
-            - ord("0")
-        )
-        if ((digits < 0) | (digits > 3)).any():
-            row = idx[np.flatnonzero(((digits < 0) | (digits > 3)).any(axis=1))[0]]
-            raise InputDataError(f"invalid quadkey {arr[row]!r}: digits must be 0-3")
-        weights = np.left_shift(1, np.arange(length - 1, -1, -1, dtype=np.int64))
-        x[idx] = (digits & 1) @ weights
-        y[idx] = (digits >> 1) @ weights
-        zoom[idx] = length
+    for j in range(codes.shape[1]):  # one digit (zoom level) at a time, most significant first
+        within = j < zoom
+        digit = codes[:, j].astype(np.int64) - ord("0")
+        wrong = within & ((digit < 0) | (digit > 3))
+        if wrong.any():
+            raise InputDataError(f"invalid quadkey {arr[np.flatnonzero(wrong)[0]]!r}: digits must be 0-3")
+        x = np.where(within, (x << 1) | (digit & 1), x)
+        y = np.where(within, (y << 1) | (digit >> 1), y)
     return x, y, zoom
 
 
@@ -118,10 +113,14 @@ def quadkey_polygons(quadkeys: str | Iterable[str]) -> np.ndarray:
     return shapely.box(b[:, 0], b[:, 1], b[:, 2], b[:, 3])
 
 
+def bounds_centres(bounds: np.ndarray) -> np.ndarray:
+    """``(n, 2)`` tile centres ``(lon, lat)`` of ``(n, 4)`` tile bounds: the midpoint of each side."""
+    return np.column_stack([(bounds[:, 0] + bounds[:, 2]) / 2.0, (bounds[:, 1] + bounds[:, 3]) / 2.0])
+
+
 def quadkey_centres(quadkeys: str | Iterable[str]) -> np.ndarray:
     """``(n, 2)`` array of tile centres ``(lon, lat)``: the midpoint of each tile's bounds."""
-    b = quadkey_bounds(quadkeys)
-    return np.column_stack([(b[:, 0] + b[:, 2]) / 2.0, (b[:, 1] + b[:, 3]) / 2.0])
+    return bounds_centres(quadkey_bounds(quadkeys))
 
 
 def lonlat_to_tile(
