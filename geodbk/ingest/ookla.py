@@ -27,31 +27,18 @@ Ookla's schema grew over time, and every version is read:
   lies outside its quadkey's tile is an error (a mislabelled column), and the output holds
   the exact quadkey centre either way (Ookla's values are rounded).
 
-Validation (the rule the README quotes). A file is refused, in one line, when it
+Validation: the rules of :mod:`geodbk.ingest.validation` (which files are refused, which rows
+dropped and counted), applied to every row read.
 
-* names a quarter outside what Ookla publishes: before 2019Q1 (the first open-data
-  quarter, :data:`FIRST_QUARTER`) or after the current calendar quarter;
-* holds two rows for one (quadkey, year, quarter, service).
-
-A row is dropped and counted (``attrs["dropped"]``, one warning line for all of them) when
-
-* a speed (``avg_d_kbps``, ``avg_u_kbps``) is infinite, negative or above
-  :data:`MAX_SPEED_KBPS` = 10^8 kbit/s (100 Gbit/s, ten times the fastest consumer line),
-  or the latency ``avg_lat_ms`` is infinite, negative or above :data:`MAX_LATENCY_MS` =
-  60,000 ms (``"invalid_value"``);
-* ``tests`` is missing, not a whole number, <= 0 or above :data:`MAX_TESTS`
-  (``"no_tests"``): a tile average needs at least one test.
-
-A missing (null) speed or latency is not an error: the row is dropped later only if that
-column is the dataset's target (:func:`geodbk.dataset.spatial_dataset.build_dataset`).
+Two readers share the rules and the normalisation (:func:`tile_columns`, :func:`tile_geometry`):
+:func:`read_tiles` reads whole files into memory (any region), and
+:func:`geodbk.ingest.scan.scan_tiles` streams Ookla's global Parquet files one batch at a time
+and keeps one region's rows (what :func:`geodbk.dataset.spatial_dataset.build_dataset` uses).
 """
 
 from __future__ import annotations
 
-import re
-import warnings
 from collections.abc import Iterable, Sequence
-from datetime import date
 from pathlib import Path
 
 import geopandas as gpd
@@ -61,15 +48,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import shapely
 
-from geodbk.errors import DroppedRowsWarning, InputDataError
+from geodbk.errors import InputDataError
 from geodbk.ingest.formats import check_head, format_of, read_head
-from geodbk.ingest.quadkey import quadkey_bounds, quadkey_centres, quadkey_polygons, quadkey_to_tile
+from geodbk.ingest.names import OOKLA_BUCKET_URL, SERVICES, ookla_url, parse_quarter, parse_service
+from geodbk.ingest.quadkey import bounds_centres, quadkey_polygons, quadkey_to_tile, tile_bounds
 from geodbk.ingest.sources import is_url, local_path
+from geodbk.ingest.validation import (
+    DROP_REASONS,
+    FIRST_QUARTER,
+    MAX_LATENCY_MS,
+    MAX_SPEED_KBPS,
+    MAX_TESTS,
+    check_duplicates,
+    check_published,
+    current_quarter,
+    invalid_rows,
+    warn_dropped,
+)
 from geodbk.ingest.vectorfiles import checked_path, read_vector_layers
 
-#: Public https root of Ookla's open-data S3 bucket (``s3://ookla-open-data``).
-OOKLA_BUCKET_URL = "https://ookla-open-data.s3.amazonaws.com"
-SERVICES = ("mobile", "fixed")
 #: Ookla's value columns, present in every Ookla file.
 VALUE_COLUMNS = ("avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices")
 #: Ookla's loaded-latency columns (ms), in Parquet files from 2022Q4 on; kept when present.
@@ -79,80 +76,9 @@ CENTRE_COLUMNS = ("tile_x", "tile_y")
 #: Columns of every normalised tiles frame, in order; present loaded-latency columns go
 #: between ``tile_y`` and ``geometry``.
 TILE_COLUMNS = ("quadkey", "year", "quarter", "service", *VALUE_COLUMNS, *CENTRE_COLUMNS, "geometry")
-
-#: Ookla's first open-data quarter, (year, quarter).
-FIRST_QUARTER = (2019, 1)
-#: Largest tile-average speed accepted, kbit/s (100 Gbit/s).
-MAX_SPEED_KBPS = 1e8
-#: Largest tile-average latency accepted, ms (one minute).
-MAX_LATENCY_MS = 6e4
-#: Largest number of tests (or devices) of one tile-quarter accepted.
-MAX_TESTS = 2**31 - 1
-#: Columns checked against a ceiling: name -> largest value accepted.
-_CEILINGS = {"avg_d_kbps": MAX_SPEED_KBPS, "avg_u_kbps": MAX_SPEED_KBPS, "avg_lat_ms": MAX_LATENCY_MS}
-#: Reasons rows are dropped, as counted in ``attrs["dropped"]``, and how the warning names them.
-DROP_REASONS = {
-    "invalid_value": "an infinite, negative or out-of-range speed or latency",
-    "no_tests": "tests missing or <= 0",
-}
-
-_QUARTER_IN_NAME = re.compile(r"(?<!\d)(20\d\d)[_-]?[Qq]([1-4])(?!\d)")
-_OOKLA_DATE_IN_NAME = re.compile(r"(?<!\d)(20\d\d)-(01|04|07|10)-01_performance")
-_HIVE_IN_NAME = re.compile(r"year=(20\d\d)/quarter=([1-4])")
-_SERVICE_IN_NAME = re.compile(r"(?:^|[^a-z])(mobile|fixed)(?:[^a-z]|$)")
-
-
-def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> str:
-    """The https URL of Ookla's global tile file for one quarter.
-
-    Args:
-        service: ``"mobile"`` or ``"fixed"``.
-        year: 2019 onwards.
-        quarter: 1-4; the quarter must be published (:func:`check_published`).
-        fmt: ``"parquet"`` or ``"shapefile"`` (a zip).
-
-    Example:
-        ``ookla_url("mobile", 2023, 4)`` ->
-        ``https://ookla-open-data.s3.amazonaws.com/parquet/performance/type=mobile/year=2023/quarter=4/2023-10-01_performance_mobile_tiles.parquet``
-    """
-    if service not in SERVICES:
-        raise InputDataError(f"service must be one of {SERVICES}, got {service!r}")
-    if quarter not in (1, 2, 3, 4):
-        raise InputDataError(f"quarter must be 1-4, got {quarter!r}")
-    check_published(np.array([year]), np.array([quarter]), "Ookla's files")
-    folder, ext = {"parquet": ("parquet", "parquet"), "shapefile": ("shapefiles", "zip")}.get(fmt, (None, None))
-    if folder is None:
-        raise InputDataError(f"fmt must be 'parquet' or 'shapefile', got {fmt!r}")
-    month = 3 * (quarter - 1) + 1
-    name = f"{int(year)}-{month:02d}-01_performance_{service}_tiles.{ext}"
-    return f"{OOKLA_BUCKET_URL}/{folder}/performance/type={service}/year={int(year)}/quarter={quarter}/{name}"
-
-
-def parse_quarter(name: str) -> tuple[int, int] | None:
-    """``(year, quarter)`` from a file name or URL, or ``None``.
-
-    Understands ``..._ookla_2023Q4.geojson``, Ookla's ``2023-10-01_performance_...`` and
-    the hive form ``year=2023/quarter=4``. The rightmost match wins, so a member of a zip
-    (``tiles_2020Q3_2023Q4.zip/x_2023Q4.geojson``) is named by its own file name.
-    """
-    found = []
-    for m in _HIVE_IN_NAME.finditer(name):
-        found.append((m.start(), int(m.group(1)), int(m.group(2))))
-    for m in _OOKLA_DATE_IN_NAME.finditer(name):
-        found.append((m.start(), int(m.group(1)), (int(m.group(2)) - 1) // 3 + 1))
-    for m in _QUARTER_IN_NAME.finditer(name):
-        found.append((m.start(), int(m.group(1)), int(m.group(2))))
-    if not found:
-        return None
-    _, year, quarter = max(found)
-    return year, quarter
-
-
-def parse_service(name: str) -> str | None:
-    """``"mobile"`` or ``"fixed"`` if the file name or URL says which, else ``None``."""
-    m = _SERVICE_IN_NAME.search(name.lower().replace("type=", "/"))
-    return m.group(1) if m else None
-
+#: The columns of a raw table that :func:`tile_columns` reads (those present); geometry is apart.
+READ_COLUMNS = ("quadkey", "year", "quarter", "service", *VALUE_COLUMNS, *CENTRE_COLUMNS,
+                *LOADED_LATENCY_COLUMNS, "quarter_incomplete")
 
 def _read_parquet(path: Path) -> pd.DataFrame:
     try:
@@ -164,9 +90,13 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         raise InputDataError(f"cannot read Parquet file {path}: {err}") from err
 
 
-def _read_raw(path: Path) -> list[tuple[pd.DataFrame, str]]:
+def read_raw(path: Path) -> list[tuple[pd.DataFrame, str]]:
     """Read one local file into raw frames, each with the name its quarter is parsed from
-    (Parquet with pyarrow; the vector formats through :mod:`geodbk.ingest.vectorfiles`)."""
+    (Parquet with pyarrow; the vector formats through :mod:`geodbk.ingest.vectorfiles`).
+
+    Raises:
+        InputDataError: the file is missing, of another format than its suffix, or unreadable.
+    """
     path = checked_path(path, "tile")
     if format_of(path) == "Parquet":
         check_head(read_head(path), "Parquet", f"tile file {path}")
@@ -174,8 +104,21 @@ def _read_raw(path: Path) -> list[tuple[pd.DataFrame, str]]:
     return [(frame, name) for name, frame in read_vector_layers(path, "tile")]
 
 
-def _tile_geometry(raw: pd.DataFrame, quadkeys: np.ndarray, name: str) -> np.ndarray:
-    """Tile polygons in EPSG:4326: the file's own where present, else rebuilt from quadkeys."""
+def tile_geometry(raw: pd.DataFrame, quadkeys: np.ndarray, name: str) -> np.ndarray:
+    """Tile polygons in EPSG:4326: the file's own where present, else rebuilt from quadkeys.
+
+    Args:
+        raw: the raw rows: a GeoDataFrame (its geometry is used), or a frame whose ``tile``
+            column, if any, holds WKT polygons.
+        quadkeys: ``(n,)`` object array of the rows' quadkeys.
+        name: the file, for messages.
+
+    Returns:
+        ``(n,)`` object array of shapely polygons.
+
+    Raises:
+        InputDataError: geometries without a CRS, or invalid WKT.
+    """
     if isinstance(raw, gpd.GeoDataFrame) and raw.geometry.name in raw.columns:
         geoms = raw.geometry
         if geoms.crs is None and geoms.notna().any():
@@ -250,21 +193,20 @@ def _loaded_latency(values: pd.Series, column: str, name: str) -> np.ndarray:
     return latency
 
 
-def _tile_centres(raw: pd.DataFrame, uniques: np.ndarray, codes: np.ndarray, name: str) -> np.ndarray:
-    """``(n, 2)`` tile centres (lon, lat degrees) of the rows, computed from their quadkeys.
+def _tile_centres(raw: pd.DataFrame, bounds: np.ndarray, quadkeys: np.ndarray, name: str) -> np.ndarray:
+    """``(n, 2)`` tile centres (lon, lat degrees) of the rows: the centres of their quadkeys' tiles.
 
     Args:
         raw: the raw table; its own ``tile_x``/``tile_y``, if any, are checked.
-        uniques: ``(m,)`` distinct quadkeys; ``codes``: ``(n,)`` index of each row's quadkey.
+        bounds: ``(n, 4)`` bounds of each row's quadkey tile; ``quadkeys``: ``(n,)`` the quadkeys.
 
     Raises:
         InputDataError: a row's own ``tile_x``/``tile_y`` lies outside its quadkey's tile.
     """
-    centres = quadkey_centres(uniques)[codes]
+    centres = bounds_centres(bounds)
     if not set(CENTRE_COLUMNS) <= set(raw.columns):
         return centres
     given = np.column_stack([pd.to_numeric(raw[c], errors="coerce").to_numpy(dtype=np.float64) for c in CENTRE_COLUMNS])
-    bounds = quadkey_bounds(uniques)[codes]
     inside = (
         (bounds[:, 0] <= given[:, 0])
         & (given[:, 0] <= bounds[:, 2])
@@ -276,42 +218,54 @@ def _tile_centres(raw: pd.DataFrame, uniques: np.ndarray, codes: np.ndarray, nam
         row = np.flatnonzero(outside)[0]
         raise InputDataError(
             f"{name}: {int(outside.sum())} row(s) have tile_x/tile_y outside their quadkey's tile, e.g. "
-            f"quadkey {uniques[codes[row]]} at ({given[row, 0]:g}, {given[row, 1]:g})"
+            f"quadkey {quadkeys[row]} at ({given[row, 0]:g}, {given[row, 1]:g})"
         )
     return centres
 
 
-def normalise_tiles(
+def check_columns(columns: Iterable[str], name: str) -> None:
+    """Refuse a table without ``quadkey`` and :data:`VALUE_COLUMNS`, naming what it has.
+
+    Raises:
+        InputDataError: a column is missing.
+    """
+    columns = list(columns)
+    missing = [c for c in ("quadkey", *VALUE_COLUMNS) if c not in columns]
+    if missing:
+        raise InputDataError(f"{name}: missing column(s) {missing}; found {columns}")
+
+
+def tile_columns(
     raw: pd.DataFrame,
     *,
     year: int | None = None,
     quarter: int | None = None,
     service: str | None = None,
     name: str = "tiles",
-) -> gpd.GeoDataFrame:
-    """Turn one raw Ookla table into the normalised tiles frame (see the module docstring).
+) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Check every row of one raw Ookla table and give its normalised columns, without polygons.
 
     ``year``/``quarter``/``service`` fill in what the table lacks as columns; if still
     unknown they are parsed from ``name``.
 
     Returns:
-        The rows of ``raw`` that pass :func:`invalid_rows`, with :data:`TILE_COLUMNS`, plus
-        those of :data:`LOADED_LATENCY_COLUMNS` that ``raw`` has (float64 ms, NaN where
-        missing) before ``geometry``; ``attrs["dropped"]`` counts the others by reason.
+        ``(frame, invalid)``: ``frame`` has one row per row of ``raw`` (invalid ones included)
+        with :data:`TILE_COLUMNS` but ``geometry``, those of :data:`LOADED_LATENCY_COLUMNS`
+        that ``raw`` has (float64 ms, NaN where missing), and ``quarter_incomplete`` when
+        ``raw`` has it; ``invalid`` maps each reason of
+        :data:`~geodbk.ingest.validation.DROP_REASONS` to an ``(n,)`` bool mask of the rows to
+        drop (:func:`~geodbk.ingest.validation.invalid_rows`); their tests and devices are 0.
 
     Raises:
         InputDataError: missing columns, missing or invalid quadkeys, unknown or unpublished
-            quarter or service, geometries without a CRS, a tile centre outside its tile,
-            or a bad loaded latency.
+            quarter or service, a tile centre outside its tile, or a bad loaded latency.
     """
-    missing = [c for c in ("quadkey", *VALUE_COLUMNS) if c not in raw.columns]
-    if missing:
-        raise InputDataError(f"{name}: missing column(s) {missing}; found {list(raw.columns)}")
+    check_columns(raw.columns, name)
     if raw["quadkey"].isna().any():
         raise InputDataError(f"{name}: {int(raw['quadkey'].isna().sum())} row(s) have no quadkey")
     quadkeys = raw["quadkey"].astype(str).to_numpy(dtype=object)
     codes, uniques = pd.factorize(quadkeys)
-    quadkey_to_tile(np.asarray(uniques, dtype=object))  # validates the digits
+    bounds = tile_bounds(*quadkey_to_tile(np.asarray(uniques, dtype=object)))[codes]  # validates the digits
     parsed = parse_quarter(name) or (None, None)
     years = _key_column(raw, "year", year, parsed[0], name)
     quarters = _key_column(raw, "quarter", quarter, parsed[1], name)
@@ -327,7 +281,7 @@ def normalise_tiles(
     keep = ~np.logical_or.reduce(list(invalid.values()))
     for col in ("tests", "devices"):  # whole numbers in range where kept (invalid_rows checked them)
         values[col] = np.where(keep, np.nan_to_num(values[col]), 0).astype(np.int64)
-    centres = _tile_centres(raw, np.asarray(uniques, dtype=object), codes, name)
+    centres = _tile_centres(raw, bounds, quadkeys, name)
     loaded = {col: _loaded_latency(raw[col], col, name) for col in LOADED_LATENCY_COLUMNS if col in raw.columns}
     frame = pd.DataFrame(
         {
@@ -343,59 +297,36 @@ def normalise_tiles(
     )
     if "quarter_incomplete" in raw.columns:
         frame["quarter_incomplete"] = raw["quarter_incomplete"].fillna(False).to_numpy(dtype=bool)
-    tiles = gpd.GeoDataFrame(frame, geometry=_tile_geometry(raw, quadkeys, name), crs=4326)
-    tiles = tiles[keep].reset_index(drop=True)
-    tiles.attrs["dropped"] = {reason: int(mask.sum()) for reason, mask in invalid.items()}
-    return tiles
+    return frame, invalid
 
 
-def current_quarter(today: date | None = None) -> tuple[int, int]:
-    """``(year, quarter)`` of ``today`` (default: the system date), the last quarter a file may name."""
-    today = today or date.today()
-    return today.year, (today.month - 1) // 3 + 1
+def normalise_tiles(
+    raw: pd.DataFrame,
+    *,
+    year: int | None = None,
+    quarter: int | None = None,
+    service: str | None = None,
+    name: str = "tiles",
+) -> gpd.GeoDataFrame:
+    """Turn one raw Ookla table into the normalised tiles frame (see the module docstring).
 
-
-def check_published(years: np.ndarray, quarters: np.ndarray, name: str, today: date | None = None) -> None:
-    """Refuse quarters Ookla cannot have published: before :data:`FIRST_QUARTER` or after the
-    current quarter (:func:`current_quarter` of ``today``).
-
-    Args:
-        years, quarters: ``(n,)`` integers of the rows (quarters already checked to be 1-4).
-        name: the file, for the message.
-
-    Raises:
-        InputDataError: a quarter outside that span.
-    """
-    first, last = FIRST_QUARTER, current_quarter(today)
-    key = np.asarray(years, dtype=np.int64) * 4 + np.asarray(quarters, dtype=np.int64) - 1
-    outside = (key < first[0] * 4 + first[1] - 1) | (key > last[0] * 4 + last[1] - 1)
-    if outside.any():
-        row = np.flatnonzero(outside)[0]
-        raise InputDataError(
-            f"{name}: {int(outside.sum())} row(s) name a quarter Ookla has not published, e.g. "
-            f"{int(np.asarray(years)[row])}Q{int(np.asarray(quarters)[row])}; open data spans "
-            f"{first[0]}Q{first[1]} to the current quarter {last[0]}Q{last[1]}"
-        )
-
-
-def invalid_rows(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Rows to drop, by reason of :data:`DROP_REASONS` (see the module docstring's rule).
-
-    Args:
-        values: :data:`VALUE_COLUMNS` as float64 ``(n,)`` arrays, NaN where missing or not a number.
+    Arguments as for :func:`tile_columns`.
 
     Returns:
-        ``{reason: (n,) bool}``; a row that fails both checks counts as ``"no_tests"``.
+        The rows of ``raw`` that pass :func:`~geodbk.ingest.validation.invalid_rows`, with
+        :data:`TILE_COLUMNS`, plus those of :data:`LOADED_LATENCY_COLUMNS` that ``raw`` has
+        (float64 ms, NaN where missing) before ``geometry``; ``attrs["dropped"]`` counts the
+        others by reason.
+
+    Raises:
+        InputDataError: as :func:`tile_columns`, and geometries without a CRS.
     """
-    with np.errstate(invalid="ignore"):
-        tests = values["tests"]
-        no_tests = ~(np.isfinite(tests) & (tests >= 1) & (tests <= MAX_TESTS) & (tests == np.floor(tests)))
-        devices = values["devices"]
-        bad = ~np.isnan(devices) & ~(np.isfinite(devices) & (devices >= 0) & (devices <= MAX_TESTS))
-        for col, ceiling in _CEILINGS.items():
-            v = values[col]
-            bad |= ~np.isnan(v) & ~((v >= 0) & (v <= ceiling))
-    return {"invalid_value": bad & ~no_tests, "no_tests": no_tests}
+    frame, invalid = tile_columns(raw, year=year, quarter=quarter, service=service, name=name)
+    quadkeys = frame["quadkey"].to_numpy(dtype=object)
+    tiles = gpd.GeoDataFrame(frame, geometry=tile_geometry(raw, quadkeys, name), crs=4326)
+    tiles = tiles[~np.logical_or.reduce(list(invalid.values()))].reset_index(drop=True)
+    tiles.attrs["dropped"] = {reason: int(mask.sum()) for reason, mask in invalid.items()}
+    return tiles
 
 
 def read_tiles(
@@ -434,7 +365,7 @@ def read_tiles(
     sources: Iterable = [source] if isinstance(source, (str, Path)) else source
     frames = []
     for src in sources:
-        for raw, name in _read_raw(local_path(src, cache_dir)):
+        for raw, name in read_raw(local_path(src, cache_dir)):
             label = name if not is_url(src) else f"{src}/{Path(name).name}"
             frames.append(normalise_tiles(raw, year=year, quarter=quarter, service=service, name=label))
     if not frames:
@@ -448,14 +379,8 @@ def _finish(tiles: pd.DataFrame, drop: bool, counts: dict[str, int]) -> gpd.GeoD
     """Refuse duplicate (quadkey, year, quarter, service) rows, drop (if ``drop``) and count the
     ``quarter_incomplete`` rows, remove that flag, put the columns in :data:`TILE_COLUMNS` order
     with the loaded latency before ``geometry``, and warn once about the rows dropped as invalid
-    (``counts``, by reason of :data:`DROP_REASONS`)."""
-    duplicated = tiles.duplicated(["quadkey", "year", "quarter", "service"]).to_numpy()
-    if duplicated.any():
-        row = tiles.iloc[int(np.flatnonzero(duplicated)[0])]
-        raise InputDataError(
-            f"the tiles hold {int(duplicated.sum())} duplicate (quadkey, quarter, service) row(s), e.g. quadkey "
-            f"{row['quadkey']} in {row['year']}Q{row['quarter']} ({row['service']}); is a file given twice?"
-        )
+    (``counts``, by reason of :data:`~geodbk.ingest.validation.DROP_REASONS`)."""
+    check_duplicates(tiles)
     n_incomplete = 0
     if "quarter_incomplete" in tiles.columns:
         flag = tiles["quarter_incomplete"].to_numpy(dtype=bool)
@@ -463,13 +388,17 @@ def _finish(tiles: pd.DataFrame, drop: bool, counts: dict[str, int]) -> gpd.GeoD
             n_incomplete = int(flag.sum())
             tiles = tiles[~flag]
         tiles = tiles.drop(columns="quarter_incomplete").reset_index(drop=True)
-    loaded = [c for c in LOADED_LATENCY_COLUMNS if c in tiles.columns]
-    tiles = gpd.GeoDataFrame(tiles[[*TILE_COLUMNS[:-1], *loaded, "geometry"]], geometry="geometry", crs=4326)
-    if any(counts.values()):
-        reasons = ", ".join(f"{n:,} with {DROP_REASONS[r]}" for r, n in counts.items() if n)
-        warnings.warn(f"dropped {sum(counts.values()):,} tile row(s): {reasons}", DroppedRowsWarning, stacklevel=3)
+    tiles = gpd.GeoDataFrame(tiles[list(tile_column_order(tiles.columns))], geometry="geometry", crs=4326)
+    warn_dropped(counts, stacklevel=3)
     tiles.attrs["dropped"] = {"incomplete_quarter": n_incomplete, **counts}
     return tiles
+
+
+def tile_column_order(columns: Iterable[str]) -> tuple[str, ...]:
+    """The columns of a normalised tiles frame in order: :data:`TILE_COLUMNS` with those of
+    :data:`LOADED_LATENCY_COLUMNS` among ``columns`` before ``geometry``."""
+    loaded = [c for c in LOADED_LATENCY_COLUMNS if c in set(columns)]
+    return (*TILE_COLUMNS[:-1], *loaded, "geometry")
 
 
 def as_tiles(
@@ -487,3 +416,35 @@ def as_tiles(
         k: before.get(k, 0) + tiles.attrs["dropped"].get(k, 0) for k in {*before, *tiles.attrs["dropped"]}
     }
     return tiles
+
+
+#: The names of :mod:`geodbk.ingest.names` and :mod:`geodbk.ingest.validation` stay importable
+#: from here, where they lived before those modules were split off.
+__all__ = [
+    "CENTRE_COLUMNS",
+    "DROP_REASONS",
+    "FIRST_QUARTER",
+    "LOADED_LATENCY_COLUMNS",
+    "MAX_LATENCY_MS",
+    "MAX_SPEED_KBPS",
+    "MAX_TESTS",
+    "OOKLA_BUCKET_URL",
+    "SERVICES",
+    "TILE_COLUMNS",
+    "VALUE_COLUMNS",
+    "READ_COLUMNS",
+    "as_tiles",
+    "check_columns",
+    "check_published",
+    "current_quarter",
+    "invalid_rows",
+    "normalise_tiles",
+    "ookla_url",
+    "parse_quarter",
+    "parse_service",
+    "read_raw",
+    "read_tiles",
+    "tile_column_order",
+    "tile_columns",
+    "tile_geometry",
+]
