@@ -1,10 +1,11 @@
 """The spatial regression dataset: one row per (tile, quarter).
 
 ``build_dataset`` runs the ingest chain (read tiles -> select service and quarters -> clip
-to the region -> choose the target -> tag urban/rural -> split 8:1:1 by a protocol of
-:mod:`geodbk.dataset.splits`) and returns a :class:`SpatialDataset`, which saves to and loads from
-one GeoParquet file with all of its metadata in the file's key-value metadata (key
-``geodbk``). What a model sees of a row is decided by :class:`geodbk.dataset.inputs.InputSpace`.
+to the region, for files in one streaming pass of :func:`geodbk.ingest.scan.scan_tiles` ->
+choose the target -> tag urban/rural -> split 8:1:1 by a protocol of :mod:`geodbk.dataset.splits`)
+and returns a :class:`SpatialDataset`, which saves to and loads from one GeoParquet file with
+all of its metadata in the file's key-value metadata (key ``geodbk``). What a model sees of a row is
+decided by :class:`geodbk.dataset.inputs.InputSpace`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from geodbk.dataset.quarters import parse_quarter_label
 from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path
-from geodbk.ingest.ookla import SERVICES, as_tiles, read_tiles
+from geodbk.ingest.ookla import as_tiles
 from geodbk.ingest.quadkey import quadkey_centres
 from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
+from geodbk.ingest.scan import check_selection, scan_tiles, select_rows
 from geodbk.ingest.urbanrural import tag_urban_rural
 
 #: target name -> (source column, divisor to the unit, unit)
@@ -275,7 +277,9 @@ def build_dataset(
     """Build a :class:`SpatialDataset` from Ookla tiles.
 
     Args:
-        tiles: normalised tiles (:func:`geodbk.ingest.ookla.read_tiles`) or what it reads.
+        tiles: normalised tiles (:func:`geodbk.ingest.ookla.read_tiles`), or what it reads:
+            files and URLs are streamed (:func:`geodbk.ingest.scan.scan_tiles`), so that only
+            the region's rows are held in memory.
         region: state name / USPS / FIPS, polygon file, or :class:`Region`.
         target: ``"download"`` (Mbps), ``"upload"`` (Mbps) or ``"latency"`` (ms).
         quarters: keep only these, e.g. ``"2023Q1,2023Q4"``; ``None`` keeps all.
@@ -302,36 +306,20 @@ def build_dataset(
     if target not in TARGETS:
         raise InputDataError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
     column, divisor, units = TARGETS[target]
+    region = load_region(region)
+    wanted = parse_quarters(quarters)
     if isinstance(tiles, pd.DataFrame):
         _check_keys(tiles)
         tiles = as_tiles(tiles, service=service)
-    else:
-        tiles = read_tiles(tiles, service=service, cache_dir=cache_dir)
-    dropped: dict[str, int] = {**tiles.attrs.get("dropped", {})}
-    region = load_region(region)
-
-    if service is not None:
-        if service not in SERVICES:
-            raise InputDataError(f"service must be one of {SERVICES}, got {service!r}")
-        keep = (tiles["service"] == service).to_numpy()
-        if not keep.any():
-            raise InputDataError(f"no {service} tiles (services present: {sorted(tiles['service'].unique())})")
-        tiles = tiles[keep]
-    elif tiles["service"].nunique() > 1:
-        raise InputDataError(f"tiles mix services {sorted(tiles['service'].unique())}; pass service=")
-
-    wanted = parse_quarters(quarters)
-    if wanted is not None:
-        present = set(zip(tiles["year"].astype(int), tiles["quarter"].astype(int), strict=True))
-        absent = [f"{y}Q{q}" for y, q in wanted if (y, q) not in present]
-        if absent:
-            have = ", ".join(f"{y}Q{q}" for y, q in sorted(present))
-            raise InputDataError(f"no tiles for quarter(s) {absent}; the tiles hold {have}")
-        key = tiles["year"].astype(np.int64) * 10 + tiles["quarter"].astype(np.int64)
-        tiles = tiles[key.isin([y * 10 + q for y, q in wanted]).to_numpy()]
-
-    clipped = clip_to_region(tiles, region, buffer_deg=buffer_deg)
-    dropped["outside_region"] = clipped.attrs["dropped"]["outside_region"]
+        chosen, services, present = select_rows(tiles, service, wanted)
+        check_selection(services, present, service, wanted)
+        clipped = clip_to_region(tiles[chosen], region, buffer_deg=buffer_deg)
+        dropped = {**tiles.attrs.get("dropped", {}), "outside_region": clipped.attrs["dropped"]["outside_region"]}
+    else:  # files or URLs: streamed, keeping only the region's rows (geodbk.ingest.scan)
+        clipped = scan_tiles(
+            tiles, region, buffer_deg=buffer_deg, service=service, quarters=wanted, cache_dir=cache_dir
+        )
+        dropped = dict(clipped.attrs["dropped"])
 
     raw = clipped[column].to_numpy(dtype=np.float64)
     missing = np.isnan(raw)

@@ -15,6 +15,7 @@ polygon. Either way the number of dropped rows is counted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -147,15 +148,44 @@ def load_region(spec: str | Path | Region | int) -> Region:
     )
 
 
+def region_test(region: Region, *, buffer_deg: float = DEFAULT_BUFFER_DEG) -> Callable[[np.ndarray], np.ndarray]:
+    """A test of points against the region polygon grown by ``buffer_deg`` degrees.
+
+    Returns:
+        A function of ``(n, 2)`` lon/lat degrees that gives the boolean ``(n,)`` mask of the
+        points inside; points outside the grown polygon's bounding box are out without a
+        polygon test.
+    """
+    area = region.buffered(buffer_deg)
+    shapely.prepare(area)
+    west, south, east, north = area.bounds
+
+    def inside(lonlat: np.ndarray) -> np.ndarray:
+        lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
+        lon, lat = lonlat[:, 0], lonlat[:, 1]
+        mask = (west <= lon) & (lon <= east) & (south <= lat) & (lat <= north)
+        mask[mask] = shapely.contains_xy(area, lon[mask], lat[mask])
+        return mask
+
+    return inside
+
+
 def inside_region(lonlat: np.ndarray, region: Region, *, buffer_deg: float = DEFAULT_BUFFER_DEG) -> np.ndarray:
     """Boolean ``(n,)`` mask of points ``lonlat`` (``(n, 2)`` degrees) inside the region.
 
     The region polygon is grown by ``buffer_deg`` degrees first.
     """
-    lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
-    area = region.buffered(buffer_deg)
-    shapely.prepare(area)
-    return shapely.contains_xy(area, lonlat[:, 0], lonlat[:, 1])
+    return region_test(region, buffer_deg=buffer_deg)(lonlat)
+
+
+def check_any_inside(n_inside: int, region: Region) -> None:
+    """Raise :class:`RegionError` when no tile (``n_inside`` = 0) lies inside ``region``."""
+    if n_inside == 0:
+        raise RegionError(
+            f"no tiles left after clipping to {region.name} "
+            f"(bounds {tuple(round(v, 3) for v in region.bounds)}); "
+            "are the tiles and the region the same place?"
+        )
 
 
 def clip_to_region(
@@ -178,12 +208,7 @@ def clip_to_region(
     codes, uniques = pd.factorize(tiles["quadkey"])
     keep_unique = inside_region(quadkey_centres(np.asarray(uniques, dtype=object)), region, buffer_deg=buffer_deg)
     keep = keep_unique[codes]
-    if not keep.any():
-        raise RegionError(
-            f"no tiles left after clipping to {region.name} "
-            f"(bounds {tuple(round(v, 3) for v in region.bounds)}); "
-            "are the tiles and the region the same place?"
-        )
+    check_any_inside(int(keep.sum()), region)
     kept = tiles[keep].copy()
     kept.attrs["dropped"] = {**tiles.attrs.get("dropped", {}), "outside_region": int((~keep).sum())}
     return kept
