@@ -40,3 +40,25 @@ def test_ingest_errors_are_one_line_with_status_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("geodbk ingest: error:") and "2031Q1" in err and err.count("\n") == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_ingest_of_global_quarters_keeps_the_state_and_equals_the_in_memory_dataset(tmp_path, capsys):
+    """Two generated Ookla-schema global quarters clipped to Georgia: the streamed CLI dataset is
+    the one that reading every row into memory gives."""
+    import sys
+    from pathlib import Path
+
+    from geodbk.dataset.spatial_dataset import build_dataset
+    from geodbk.ingest.ookla import read_tiles
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import synthetic_ookla  # benchmarks/synthetic_ookla.py, not a package
+
+    files = synthetic_ookla.write_global_quarters(tmp_path, ["2023Q2", "2023Q3"], 3000, 3000, seed=1)
+    out = tmp_path / "georgia.parquet"
+    assert main(["ingest", "--tiles", *map(str, files), "--region", "GA", "--out", str(out)]) == 0
+    assert "Georgia, download (Mbps)" in capsys.readouterr().out
+    streamed = SpatialDataset.load(out)
+    in_memory = build_dataset(read_tiles(files), "GA")
+    pd.testing.assert_frame_equal(streamed.frame, in_memory.frame)
+    assert streamed.dropped == in_memory.dropped and streamed.dropped["outside_region"] > 5000
