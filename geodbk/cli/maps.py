@@ -273,7 +273,7 @@ def _run_summarize(args: argparse.Namespace) -> int:
     from geodbk.errors import InputDataError
     from geodbk.fileio import check_output
     from geodbk.fit.geomodel import GeoModel
-    from geodbk.ingest.regions import load_region, read_polygons
+    from geodbk.ingest.regions import read_polygons
     from geodbk.maps.geometry import RegularGrid
     from geodbk.maps.schema import check_grid_size, grid_size_limit
     from geodbk.maps.summaries import (
@@ -298,7 +298,8 @@ def _run_summarize(args: argparse.Namespace) -> int:
     model = GeoModel.load(args.model)
     polygons = read_polygons(args.polygons, what="polygon", keep_crs=True)
     if not args.all_polygons and model.meta.get("region"):
-        kept = polygons_in_region(polygons, load_region(model.meta["region"]).geometry)
+        # the fitted polygon, not the region's name: a region read from a file is named by its stem
+        kept = polygons_in_region(polygons, model.fitted_region().geometry)
         if len(kept) == 0:
             raise InputDataError(f"no polygon in {args.polygons} overlaps the model's region {model.meta['region']}")
         print(f"kept {len(kept)} of {len(polygons)} polygons that overlap {model.meta['region']}")
