@@ -193,7 +193,7 @@ def _loaded_latency(values: pd.Series, column: str, name: str) -> np.ndarray:
     return latency
 
 
-def _tile_centres(raw: pd.DataFrame, bounds: np.ndarray, quadkeys: np.ndarray, name: str) -> np.ndarray:
+def _tile_centres(raw: pd.DataFrame, bounds: np.ndarray, quadkeys: pd.Series, name: str) -> np.ndarray:
     """``(n, 2)`` tile centres (lon, lat degrees) of the rows: the centres of their quadkeys' tiles.
 
     Args:
@@ -218,7 +218,7 @@ def _tile_centres(raw: pd.DataFrame, bounds: np.ndarray, quadkeys: np.ndarray, n
         row = np.flatnonzero(outside)[0]
         raise InputDataError(
             f"{name}: {int(outside.sum())} row(s) have tile_x/tile_y outside their quadkey's tile, e.g. "
-            f"quadkey {quadkeys[row]} at ({given[row, 0]:g}, {given[row, 1]:g})"
+            f"quadkey {quadkeys.iloc[row]} at ({given[row, 0]:g}, {given[row, 1]:g})"
         )
     return centres
 
@@ -263,9 +263,8 @@ def tile_columns(
     check_columns(raw.columns, name)
     if raw["quadkey"].isna().any():
         raise InputDataError(f"{name}: {int(raw['quadkey'].isna().sum())} row(s) have no quadkey")
-    quadkeys = raw["quadkey"].astype(str).to_numpy(dtype=object)
-    codes, uniques = pd.factorize(quadkeys)
-    bounds = tile_bounds(*quadkey_to_tile(np.asarray(uniques, dtype=object)))[codes]  # validates the digits
+    quadkeys = raw["quadkey"].astype(str)
+    bounds = tile_bounds(*quadkey_to_tile(quadkeys))  # validates the digits
     parsed = parse_quarter(name) or (None, None)
     years = _key_column(raw, "year", year, parsed[0], name)
     quarters = _key_column(raw, "quarter", quarter, parsed[1], name)
@@ -285,7 +284,7 @@ def tile_columns(
     loaded = {col: _loaded_latency(raw[col], col, name) for col in LOADED_LATENCY_COLUMNS if col in raw.columns}
     frame = pd.DataFrame(
         {
-            "quadkey": pd.array(quadkeys, dtype="str"),
+            "quadkey": quadkeys.array,
             "year": np.asarray(years, dtype=np.int16),
             "quarter": np.asarray(quarters, dtype=np.int16),
             "service": pd.array(np.asarray(services, dtype=object), dtype="str"),

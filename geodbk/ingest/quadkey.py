@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import shapely
 
 from geodbk.errors import InputDataError
@@ -24,20 +25,45 @@ OOKLA_ZOOM = 16
 MAX_LATITUDE = 85.05112878
 
 
-def _as_object_array(quadkeys: str | Iterable[str]) -> np.ndarray:
-    """Quadkeys as a flat ``(n,)`` object array (one string -> n = 1)."""
+def _as_arrow(quadkeys: str | Iterable[str]) -> pa.LargeStringArray:
+    """Quadkeys as one flat Arrow string array of ``n`` values (one string -> n = 1); Arrow-backed
+    pandas strings and Arrow arrays are taken without a copy of their characters.
+
+    Raises:
+        InputDataError: a quadkey is missing or not a string.
+    """
     if isinstance(quadkeys, str):
         quadkeys = [quadkeys]
-    elif not isinstance(quadkeys, np.ndarray):
-        quadkeys = list(quadkeys)
-    return np.asarray(quadkeys, dtype=object).reshape(-1)
+    if isinstance(quadkeys, (pa.Array, pa.ChunkedArray)):
+        arr = quadkeys
+    elif isinstance(quadkeys, (pd.Series, pd.Index)) and isinstance(quadkeys.dtype, pd.StringDtype):
+        arr = pa.array(quadkeys.array)  # Arrow's own, chunked
+    else:
+        values = np.asarray(quadkeys if isinstance(quadkeys, np.ndarray) else list(quadkeys), dtype=object)
+        values = values.reshape(-1)
+        try:
+            arr = pa.array(values, type=pa.large_string(), from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            bad = sum(not isinstance(q, str) for q in values)
+            raise InputDataError(f"{bad} quadkey(s) are missing or not strings") from None
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        raise InputDataError(f"quadkeys must be strings, got {arr.type}")
+    if arr.null_count:
+        raise InputDataError(f"{arr.null_count} quadkey(s) are missing or not strings")
+    return arr.cast(pa.large_string())
 
 
 def quadkey_to_tile(quadkeys: str | Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tile column ``x``, row ``y`` and zoom of each quadkey.
 
+    The digits are read straight from the strings' bytes (through Arrow), one zoom level at a
+    time for all quadkeys: no Python object per quadkey.
+
     Args:
-        quadkeys: one quadkey or a sequence of ``n`` quadkeys (strings of digits 0-3).
+        quadkeys: one quadkey or a sequence of ``n`` quadkeys (strings of digits 0-3): a list,
+            a numpy or pandas array, or an Arrow string array.
 
     Returns:
         ``(x, y, zoom)``, three int64 arrays of shape ``(n,)``.
@@ -46,26 +72,24 @@ def quadkey_to_tile(quadkeys: str | Iterable[str]) -> tuple[np.ndarray, np.ndarr
         InputDataError: a quadkey is missing, empty, longer than 31 digits or has a digit
             other than 0-3.
     """
-    arr = _as_object_array(quadkeys)
-    n = arr.size
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    if pd.api.types.infer_dtype(arr, skipna=False) != "string":
-        bad = int(sum(not isinstance(q, str) for q in arr))
-        raise InputDataError(f"{bad} quadkey(s) are missing or not strings")
-    text = arr.astype(np.str_)  # fixed-width: one uint32 code point per digit, 0 after the end
-    zoom = np.strings.str_len(text).astype(np.int64)
-    if zoom.min() < 1 or zoom.max() > 31:
-        raise InputDataError("quadkeys must have 1 to 31 digits")
-    codes = text.view(np.uint32).reshape(n, -1)
+    arr = _as_arrow(quadkeys)
+    n = len(arr)
     x = np.zeros(n, dtype=np.int64)
     y = np.zeros(n, dtype=np.int64)
-    for j in range(codes.shape[1]):  # one digit (zoom level) at a time, most significant first
+    if n == 0:
+        return x, y, np.zeros(0, dtype=np.int64)
+    _, offsets, data = arr.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int64)[arr.offset : arr.offset + n + 1]
+    zoom = np.diff(offsets)  # bytes: a digit is one byte, and any longer character is not a digit
+    if zoom.min() < 1 or zoom.max() > 31:
+        raise InputDataError("quadkeys must have 1 to 31 digits")
+    data = np.frombuffer(data, dtype=np.uint8)
+    for j in range(int(zoom.max())):  # one digit (zoom level) at a time, most significant first
         within = j < zoom
-        digit = codes[:, j].astype(np.int64) - ord("0")
+        digit = data[np.where(within, offsets[:-1] + j, 0)].astype(np.int64) - ord("0")
         wrong = within & ((digit < 0) | (digit > 3))
         if wrong.any():
-            raise InputDataError(f"invalid quadkey {arr[np.flatnonzero(wrong)[0]]!r}: digits must be 0-3")
+            raise InputDataError(f"invalid quadkey {arr[int(np.flatnonzero(wrong)[0])].as_py()!r}: digits must be 0-3")
         x = np.where(within, (x << 1) | (digit & 1), x)
         y = np.where(within, (y << 1) | (digit >> 1), y)
     return x, y, zoom
