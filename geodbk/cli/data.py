@@ -14,7 +14,9 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="build a dataset from Ookla tiles and print its summary")
     src = p.add_argument_group("tiles (default: the shipped mobile sample of --region, PR or HI)")
     src.add_argument("--tiles", nargs="+", metavar="PATH_OR_URL",
-                     help="Ookla tile file(s): Parquet, GeoJSON, shapefile or zip; path or http(s) URL")
+                     help="Ookla tile file(s): Parquet, GeoJSON, shapefile or zip; path or http(s) URL. "
+                          "Parquet is read a batch at a time and only the region's rows are kept, "
+                          "so Ookla's global files need no more memory than the region's tiles")
     src.add_argument("--service", choices=("mobile", "fixed"), default=None,
                      help="keep this service; with --year/--quarter, the Ookla file to download")
     src.add_argument("--year", type=int, help="download Ookla's global file of this year ...")
