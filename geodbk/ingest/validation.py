@@ -21,7 +21,7 @@ column is the dataset's target (:func:`geodbk.dataset.spatial_dataset.build_data
 The rules are applied to every row of every file, also by the streaming scan of
 :mod:`geodbk.ingest.scan`, which keeps only a region's rows: a file is refused, and its
 invalid rows counted, wherever in the world the offending rows lie. Duplicates are checked
-within each file over all its rows and, across files, over the rows kept (a file given twice
+within each file over all its rows not dropped and, across files, over the rows kept (a file given twice
 always duplicates them).
 """
 
