@@ -237,9 +237,11 @@ class _QuietServer(http.server.ThreadingHTTPServer):
 
 @pytest.fixture(scope="module")
 def http_root(tmp_path_factory):
-    """``(base_url, requests)``: a 127.0.0.1 server over a folder with the Hawaii GeoJSON zip."""
+    """``(base_url, requests)``: a 127.0.0.1 server over a folder with the Hawaii GeoJSON zip and
+    Parquet sample."""
     root = tmp_path_factory.mktemp("www")
-    shutil.copy(paths.HAWAII_MOBILE_GEOJSON_ZIP, root / paths.HAWAII_MOBILE_GEOJSON_ZIP.name)
+    for sample in (paths.HAWAII_MOBILE_GEOJSON_ZIP, paths.HAWAII_MOBILE):
+        shutil.copy(sample, root / sample.name)
     requests: list[str] = []
     handler = type("Handler", (_CountingHandler,), {"requests": requests})
     server = _QuietServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
@@ -265,6 +267,21 @@ def test_url_is_downloaded_once_then_cached(http_root, tmp_path):
     assert len(requests) == before + 1  # cache hit: no second request
     assert len(again) == len(tiles)
     assert not list(tmp_path.rglob("*.part"))
+
+
+def test_a_parquet_url_is_downloaded_once_then_streamed_like_the_local_file(http_root, tmp_path):
+    from geodbk.dataset.spatial_dataset import build_dataset
+
+    base, requests = http_root
+    url = f"{base}/{paths.HAWAII_MOBILE.name}"
+    before = len(requests)
+    streamed = build_dataset(url, "HI", quarters="2023Q4", cache_dir=tmp_path)
+    again = build_dataset(url, "HI", quarters="2023Q4", cache_dir=tmp_path)
+    assert len(requests) == before + 1
+    local = build_dataset(paths.HAWAII_MOBILE, "HI", quarters="2023Q4")
+    for dataset in (streamed, again):
+        pd.testing.assert_frame_equal(dataset.frame, local.frame)
+        assert dataset.dropped == local.dropped
 
 
 def test_http_errors_and_truncated_downloads_leave_nothing(http_root, tmp_path):

@@ -189,3 +189,9 @@ def test_selection_errors_name_what_the_files_hold(global_files):
 def test_one_file_twice_is_refused(global_files):
     with pytest.raises(InputDataError, match="duplicate"):
         scan_tiles([global_files[0], global_files[0]], load_region("GA"))
+
+
+def test_quarter_ranges_of_the_generator_cli():
+    assert synthetic_ookla.parse_quarter_range("2019Q3..2020Q2") == ["2019Q3", "2019Q4", "2020Q1", "2020Q2"]
+    assert synthetic_ookla.parse_quarter_range("2019q1,2023Q4") == ["2019Q1", "2023Q4"]
+    assert len(synthetic_ookla.parse_quarter_range("2019Q1..2023Q4")) == 20
