@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import geopandas as gpd
 import numpy as np
@@ -57,6 +58,14 @@ from geodbk.ingest.vectorfiles import checked_path
 
 #: Rows read from a Parquet file at once.
 BATCH_ROWS = 65_536
+
+
+class _Keys(TypedDict):
+    """The quarter and service of files that carry them neither as columns nor in their name."""
+
+    year: int | None
+    quarter: int | None
+    service: str | None
 
 
 def check_selection(
@@ -158,9 +167,13 @@ def _open_parquet(path: Path) -> pq.ParquetFile | None:
     try:
         file = pq.ParquetFile(path)
     except (pa.ArrowException, OSError, ValueError) as err:
-        raise InputDataError(f"cannot read Parquet file {path}: {err}") from err
+        raise _unreadable(path, err) from err
     metadata = file.schema_arrow.metadata or {}
     return None if b"geo" in metadata else file
+
+
+def _unreadable(path: Path, err: Exception) -> InputDataError:
+    return InputDataError(f"cannot read Parquet file {path}: {err}")
 
 
 def _batches(file: pq.ParquetFile, columns: list[str], batch_rows: int, path: Path) -> Iterator[pd.DataFrame]:
@@ -171,30 +184,33 @@ def _batches(file: pq.ParquetFile, columns: list[str], batch_rows: int, path: Pa
         for batch in file.iter_batches(batch_size=batch_rows, columns=columns):
             yield batch.to_pandas()
     except (pa.ArrowException, OSError, ValueError) as err:
-        raise InputDataError(f"cannot read Parquet file {path}: {err}") from err
+        raise _unreadable(path, err) from err
 
 
-def _kept_strings(file: pq.ParquetFile, column: str, rows: np.ndarray, batch_rows: int) -> np.ndarray:
+def _kept_strings(file: pq.ParquetFile, column: str, rows: np.ndarray, batch_rows: int, path: Path) -> np.ndarray:
     """The values of ``column`` at the file's row numbers ``rows`` (increasing), as an object
     array, reading only the row groups that hold them, a batch at a time."""
     sizes = [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)]
     starts = np.concatenate([[0], np.cumsum(sizes)])
     group_of = np.searchsorted(starts, rows, side="right") - 1
     parts = []
-    for group in np.unique(group_of):
-        offset = starts[group]
-        wanted = rows[group_of == group]
-        for batch in file.iter_batches(batch_size=batch_rows, row_groups=[int(group)], columns=[column]):
-            here = wanted[(wanted >= offset) & (wanted < offset + batch.num_rows)] - offset
-            parts.append(batch.column(0).take(pa.array(here)))
-            offset += batch.num_rows
+    try:
+        for group in np.unique(group_of):
+            offset = starts[group]
+            wanted = rows[group_of == group]
+            for batch in file.iter_batches(batch_size=batch_rows, row_groups=[int(group)], columns=[column]):
+                here = wanted[(wanted >= offset) & (wanted < offset + batch.num_rows)] - offset
+                parts.append(batch.column(0).take(pa.array(here)))
+                offset += batch.num_rows
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise _unreadable(path, err) from err
     if not parts:
         return np.empty(0, dtype=object)
     return pa.chunked_array(parts).to_numpy(zero_copy_only=False)
 
 
 def _scan_parquet(
-    file: pq.ParquetFile, path: Path, label: str, selection: _Selection, keys: dict, batch_rows: int
+    file: pq.ParquetFile, path: Path, label: str, selection: _Selection, keys: _Keys, batch_rows: int
 ) -> gpd.GeoDataFrame:
     """The kept rows of one plain Parquet file, streamed (see the module docstring)."""
     names = file.schema_arrow.names
@@ -214,12 +230,14 @@ def _scan_parquet(
     frame = pd.concat(kept, ignore_index=True)
     raw_kept = pd.DataFrame(index=frame.index)
     if "tile" in names:
-        raw_kept["tile"] = _kept_strings(file, "tile", np.concatenate(rows), batch_rows)
+        raw_kept["tile"] = _kept_strings(file, "tile", np.concatenate(rows), batch_rows, path)
     geometry = tile_geometry(raw_kept, frame["quadkey"].to_numpy(dtype=object), label)
     return gpd.GeoDataFrame(frame, geometry=geometry, crs=4326)
 
 
-def _scan_whole(path: Path, source: str | Path, selection: _Selection, keys: dict) -> Iterable[gpd.GeoDataFrame]:
+def _scan_whole(
+    path: Path, source: str | Path, selection: _Selection, keys: _Keys
+) -> Iterable[gpd.GeoDataFrame]:
     """The kept rows of each table of a file read whole (GeoParquet, GeoJSON, shapefiles)."""
     for raw, name in read_raw(path):
         label = name if not is_url(source) else f"{source}/{Path(name).name}"
@@ -277,8 +295,8 @@ def scan_tiles(
     if not sources:
         raise InputDataError("no tile sources given")
     selection = _Selection(region_test(region, buffer_deg=buffer_deg), service, quarters, drop_incomplete)
-    keys = {"year": year, "quarter": quarter, "service": service}
-    parts = []
+    keys = _Keys(year=year, quarter=quarter, service=service)
+    parts: list[gpd.GeoDataFrame] = []
     for src in sources:
         path = checked_path(local_path(src, cache_dir), "tile")
         file = _open_parquet(path)
