@@ -2,7 +2,11 @@
 
 :func:`geodbk.fit.train.fit_arrays` trains data-parallel when a process group of two or
 more processes is initialised (:meth:`DataParallel.current`), PyTorch-style; ``geodbk fit
---nproc N`` starts one with torchrun (:func:`launch`, :func:`init_worker`). Every rank holds
+--nproc N`` starts one with torchrun on this machine (:func:`launch`), and a user's own
+``torchrun --nnodes N --nproc-per-node G ... -m geodbk fit ...`` on every node starts one across
+machines: each process it starts is a worker (:func:`is_worker`) that joins the group with
+:func:`init_worker`, and global rank 0 writes the run (docs/multinode.md; two nodes simulated
+on localhost, with c10d and static rendezvous, in tests/test_multinode.py). Every rank holds
 all training and validation rows, the same parameters, q(w) and optimizer state, and draws
 the same batch order from the same seed. Each global batch of b rows is split into
 ``world_size`` contiguous shards (sizes differ by at most one row; a shard may be empty),
@@ -202,8 +206,10 @@ def is_worker() -> bool:
 def init_worker(device: str) -> str:
     """Join the torchrun job's default process group; returns the device this worker trains on.
 
-    When ``device`` resolves to CUDA the backend is NCCL and the device is this worker's GPU,
-    ``cuda:LOCAL_RANK`` (whatever index was asked for; untested here); otherwise gloo on the CPU.
+    When ``device`` resolves to CUDA the backend is NCCL and the device is this worker's GPU on
+    its own node, ``cuda:LOCAL_RANK`` (whatever index was asked for; untested here); otherwise
+    gloo on the CPU. The group's address comes from torchrun's environment (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), so one node or several is the same call.
     """
     if resolve_device(device).type == "cuda":
         gpu = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
