@@ -225,7 +225,7 @@ def describe(stage: str, measured: Measured, work: Path) -> str:
         path = work / ("ga.parquet" if stage == "ingest-ga" else "conus.parquet")
         return f"{pq.ParquetFile(path).metadata.num_rows:,} rows"
     if stage == "fit":
-        facts = json.loads(measured.tail.splitlines()[-1])
+        facts = json.loads(next(line for line in reversed(measured.tail.splitlines()) if line.startswith("{")))
         return (f"{facts['train_rows']:,} train rows; epoch 1 {facts['epoch_s']:.0f} s; "
                 f"{FULL_SCHEDULE_EPOCHS} epochs projected {facts['projected_s'] / 60:.0f} min")
     if stage.startswith("grid"):
