@@ -18,9 +18,9 @@ fit                :func:`geodbk.fit.geomodel.fit_dataset` of dbk-rbf at the CPU
                    schedule) plus the rest
 grid               ``geodbk predict`` of the CONUS at ``--grid-resolution`` in EPSG:5070 (equal
                    area) for the last quarter, streamed to Zarr
-grid + change      the same with the change over the year before (``--change``)
-counties GA        ``geodbk summarize`` of Georgia's 159 counties of the shipped county file at
+counties-ga        ``geodbk summarize`` of Georgia's 159 counties of the shipped county file at
                    ``--summary-resolution`` (with the CONUS model): a state's worth, to project from
+grid-change        the same with the change over the year before (``--change``)
 counties           the same for the whole county file (its polygons that meet the CONUS: every
                    contiguous-US county)
 =================  ==========================================================================
@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 FULL_SCHEDULE_EPOCHS = 40
 #: States outside the contiguous US (FIPS): Alaska, Hawaii and the territories.
 NOT_CONTIGUOUS = ("02", "15", "60", "66", "69", "72", "78")
-STAGES = ("generate", "ingest-ga", "ingest-conus", "fit", "grid", "grid-change", "counties-ga", "counties")
+STAGES = ("generate", "ingest-ga", "ingest-conus", "fit", "grid", "counties-ga", "grid-change", "counties")
 
 
 @dataclass(frozen=True)
