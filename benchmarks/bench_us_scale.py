@@ -8,8 +8,8 @@ Stages, each a fresh subprocess so that its wall time and peak RSS (``os.wait4``
 
 =================  ==========================================================================
 generate           the global files (skipped, and not shown, when reused)
-ingest GA          ``geodbk ingest --tiles <every quarter> --region GA``
-ingest CONUS       the same with the contiguous states' union (AK, HI and territories left out)
+ingest-ga          ``geodbk ingest --tiles <every quarter> --region GA``
+ingest-conus       the same with the contiguous states' union (AK, HI and territories left out)
 fit                :func:`geodbk.fit.geomodel.fit_dataset` of dbk-rbf at the CPU preset
                    (h 64, r 128, batch 1024) on the CONUS dataset for one epoch, then the
                    conjugate posterior and the local residual field, as ``geodbk fit`` does;
@@ -20,9 +20,9 @@ grid               ``geodbk predict`` of the CONUS at ``--grid-resolution`` in E
                    area) for the last quarter, streamed to Zarr
 counties-ga        ``geodbk summarize`` of Georgia's 159 counties of the shipped county file at
                    ``--summary-resolution`` (with the CONUS model): a state's worth, to project from
-grid-change        the same with the change over the year before (``--change``)
-counties           the same for the whole county file (its polygons that meet the CONUS: every
-                   contiguous-US county)
+grid-change        the grid with the change over the year before (``--change``) as well
+counties           ``geodbk summarize`` of the whole county file (its polygons that meet the
+                   CONUS: every contiguous-US county)
 =================  ==========================================================================
 
 The default size runs in a few minutes (20,000 US tiles a quarter, 5 quarters, a 10 km grid,
