@@ -150,6 +150,17 @@ def stage_state_counties(path: Path, state: str) -> None:
     counties[counties["STATEFP"] == state].to_file(path, driver="GeoJSON")
 
 
+def stage_subsample(dataset: Path, out: Path, rows: int) -> None:
+    """Every k-th row of the dataset file ``dataset`` (k chosen for about ``rows`` rows), written to
+    ``out`` with the file's metadata (region, splits, urban/rural are kept as they were)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(dataset)
+    step = max(1, -(-table.num_rows // rows))
+    pq.write_table(table.take(np.arange(0, table.num_rows, step)), out)
+
+
 def stage_fit(dataset: Path, model_path: Path, checkpoint: Path) -> None:
     """dbk-rbf at the CPU preset for one epoch (then the posterior and the residual field); prints
     the seconds to the end of epoch 1 (from the checkpoint's time) and in all."""
@@ -189,8 +200,8 @@ def previous_year(quarter: str) -> str:
     return f"{int(quarter[:4]) - 1}Q{quarter[-1]}"
 
 
-def plan(size: Size, work: Path, files: list[Path]) -> dict[str, list[str]]:
-    """The command of every stage but ``generate``."""
+def plan(size: Size, work: Path, files: list[Path], fit_rows: int | None) -> dict[str, list[str]]:
+    """The command of every stage but ``generate``; the fit reads a subsample when ``fit_rows`` is given."""
     from geodbk.paths import COUNTY_BOUNDARIES
 
     tiles = [str(p) for p in files]
@@ -205,7 +216,8 @@ def plan(size: Size, work: Path, files: list[Path]) -> dict[str, list[str]]:
                             "--overwrite"),
         "ingest-conus": geodbk("ingest", "--tiles", *tiles, "--region", str(work / "conus.geojson"),
                                "--out", str(work / "conus.parquet"), "--overwrite"),
-        "fit": this_script("--stage", "fit", str(work / "conus.parquet"), model, str(work / "fit.ckpt")),
+        "fit": this_script("--stage", "fit", str(work / ("conus-fit.parquet" if fit_rows else "conus.parquet")),
+                           model, str(work / "fit.ckpt")),
         "grid": geodbk(*predict, "--out", str(work / "grid.zarr")),
         "grid-change": geodbk(*predict, "--change", f"{previous_year(last)}:{last}",
                               "--out", str(work / "change.zarr")),
@@ -260,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--summary-resolution", help="county averaging cells, degrees (overrides the size)")
     parser.add_argument("--data", type=Path, default=Path("/tmp/us-scale-data"),
                         help="folder of the generated files (reused when they match; default /tmp/us-scale-data)")
+    parser.add_argument("--fit-rows", type=int, metavar="N",
+                        help="fit on every k-th row of the CONUS dataset, about N rows (default all)")
     parser.add_argument("--only", help=f"comma-separated stages to run, of {', '.join(STAGES)} (default all)")
     parser.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)  # a stage's own process
     args = parser.parse_args(argv)
@@ -267,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name, *rest = args.stage
         {"fit": lambda: stage_fit(*map(Path, rest)), "conus": lambda: stage_conus(Path(rest[0])),
          "counties": lambda: stage_state_counties(Path(rest[0]), rest[1]),
+         "subsample": lambda: stage_subsample(Path(rest[0]), Path(rest[1]), int(rest[2])),
          "generate": lambda: stage_generate(Path(rest[0]), _size_from_json(rest[1]))}[name]()
         return 0
     base = FULL if args.full else SMALL
@@ -291,10 +306,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         subprocess.run(this_script("--stage", "conus", str(work / "conus.geojson")), check=True)
     if not (work / "ga-counties.geojson").is_file():
         subprocess.run(this_script("--stage", "counties", str(work / "ga-counties.geojson"), "13"), check=True)
-    commands = plan(size, work, files)
+    commands = plan(size, work, files, args.fit_rows)
     for stage in STAGES[1:]:
         if stage not in wanted:
             continue
+        if stage == "fit" and args.fit_rows:  # not timed: the subsample stands in for a smaller ingest
+            subprocess.run(this_script("--stage", "subsample", str(work / "conus.parquet"),
+                                       str(work / "conus-fit.parquet"), str(args.fit_rows)), check=True)
         measured = run_stage(stage, commands[stage], work / f"{stage}.log")
         rows.append((measured, describe(stage, measured, work)))
         print(f"{stage}: {measured.seconds:.1f} s, {measured.peak_mib / 1024:.2f} GB; {rows[-1][1]}", flush=True)
