@@ -5,6 +5,13 @@ Session-scoped and read-only: do not mutate what they return (copy first).
 
 from __future__ import annotations
 
+import functools
+import http.server
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
 import geopandas as gpd
 import pytest
 import torch
@@ -43,3 +50,68 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# --- a loopback HTTP server for URL tests (no network) -----------------------------------------
+class _LoopbackHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder and records every path asked for in ``requests``. Bad servers on purpose:
+    ``/garbage/...`` answers 200 with an HTML page, ``/slow/...`` the same page dripped out over
+    seconds, ``/huge/...`` announces 10^12 bytes, ``/truncated/...`` sends 1,000 of 100,000."""
+
+    requests: list[str]
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self.requests.append(self.path)
+        if self.path.startswith(("/garbage/", "/slow/")):
+            body = b"<html><body>Service Unavailable</body></html>\n" * 50
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            for start in range(0, len(body), 500):
+                self.wfile.write(body[start:start + 500])
+                self.wfile.flush()
+                if self.path.startswith("/slow/"):
+                    time.sleep(0.2)
+            return
+        if self.path.startswith("/huge/"):
+            self.send_response(200)
+            self.send_header("Content-Length", str(10**12))
+            self.end_headers()
+            self.wfile.write(b"PAR1" + b"x" * 4096)
+            return
+        if self.path.startswith("/truncated/"):
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            self.wfile.write(b"x" * 1000)
+            return
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # a client that stops reading (the download cap) breaks the pipe: expected
+
+
+@pytest.fixture(scope="session")
+def loopback() -> Iterator[Callable[[Path], tuple[str, list[str]]]]:
+    """``serve(folder) -> (base_url, requests)``: a 127.0.0.1 HTTP server over ``folder`` on a
+    thread, with the bad routes of :class:`_LoopbackHandler`; ``requests`` lists the paths asked
+    for. Servers stop at the end of the session."""
+    servers: list[_QuietServer] = []
+
+    def serve(folder: Path) -> tuple[str, list[str]]:
+        requests: list[str] = []
+        handler = type("Handler", (_LoopbackHandler,), {"requests": requests})
+        server = _QuietServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", requests
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()

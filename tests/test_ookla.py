@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
 import shutil
 import socket
-import threading
-import time
 import zipfile
 from pathlib import Path
 
@@ -196,60 +192,14 @@ def test_missing_and_unsupported_files(tmp_path):
 # --- URLs against a loopback HTTP server -----------------------------------------------------
 
 
-class _CountingHandler(http.server.SimpleHTTPRequestHandler):
-    requests: list[str]
-
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        self.requests.append(self.path)
-        if self.path.startswith(("/garbage/", "/slow/")):
-            body = b"<html><body>Service Unavailable</body></html>\n" * 50
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            for start in range(0, len(body), 500):  # /slow/ drips the body out
-                self.wfile.write(body[start:start + 500])
-                self.wfile.flush()
-                if self.path.startswith("/slow/"):
-                    time.sleep(0.2)
-            return
-        if self.path.startswith("/huge/"):
-            self.send_response(200)
-            self.send_header("Content-Length", str(10**12))
-            self.end_headers()
-            self.wfile.write(b"PAR1" + b"x" * 4096)
-            return
-        if self.path.startswith("/truncated/"):
-            self.send_response(200)
-            self.send_header("Content-Length", "100000")
-            self.end_headers()
-            self.wfile.write(b"x" * 1000)
-            return
-        super().do_GET()
-
-    def log_message(self, *args):
-        pass
-
-
-class _QuietServer(http.server.ThreadingHTTPServer):
-    def handle_error(self, request, client_address):
-        pass  # a client that stops reading (the download cap) breaks the pipe: expected
-
-
 @pytest.fixture(scope="module")
-def http_root(tmp_path_factory):
+def http_root(tmp_path_factory, loopback):
     """``(base_url, requests)``: a 127.0.0.1 server over a folder with the Hawaii GeoJSON zip and
     Parquet sample."""
     root = tmp_path_factory.mktemp("www")
     for sample in (paths.HAWAII_MOBILE_GEOJSON_ZIP, paths.HAWAII_MOBILE):
         shutil.copy(sample, root / sample.name)
-    requests: list[str] = []
-    handler = type("Handler", (_CountingHandler,), {"requests": requests})
-    server = _QuietServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", requests
-    server.shutdown()
-    server.server_close()
+    return loopback(root)
 
 
 def test_url_is_downloaded_once_then_cached(http_root, tmp_path):

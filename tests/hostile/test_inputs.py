@@ -15,11 +15,8 @@ No network: URLs go to a loopback ``http.server`` thread.
 from __future__ import annotations
 
 import datetime
-import functools
-import http.server
 import json
 import shutil
-import threading
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -46,50 +43,14 @@ NOW = current_quarter()
 FUTURE = (NOW[0] + (NOW[1] == 4), NOW[1] % 4 + 1)  # the quarter after the current one
 
 
-# --- the loopback server the URLs and VRTs point at -------------------------------------------
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    requests: list[str]
-
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        self.requests.append(self.path)
-        if self.path.startswith("/garbage/"):
-            body = b"<html>Service Unavailable</html>\n" * 20
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        if self.path.startswith("/huge/"):
-            self.send_response(200)
-            self.send_header("Content-Length", str(10**12))
-            self.end_headers()
-            self.wfile.write(b"PAR1" + b"x" * 1024)
-            return
-        super().do_GET()
-
-    def log_message(self, *args):
-        pass
-
-
-class _QuietServer(http.server.ThreadingHTTPServer):
-    def handle_error(self, request, client_address):
-        pass  # a client that stops reading (the download cap) breaks the pipe: expected
-
-
+# --- the loopback server the URLs and VRTs point at (tests/conftest.py) -------------------------
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, loopback):
     """``(base_url, requests)`` of a loopback server over a folder with real tile files."""
     www = tmp_path_factory.mktemp("www")
     shutil.copy(paths.HAWAII_MOBILE_GEOJSON_ZIP, www / "hi_mobile_tiles.zip")
     (www / "secret.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": []}))
-    requests: list[str] = []
-    handler = type("Handler", (_Handler,), {"requests": requests})
-    httpd = _QuietServer(("127.0.0.1", 0), functools.partial(handler, directory=str(www)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", requests
-    httpd.shutdown()
-    httpd.server_close()
+    return loopback(www)
 
 
 # --- the folder of files ----------------------------------------------------------------------
