@@ -44,6 +44,7 @@ class FailingModel:
 
     meta = {"target": "download", "units": "Mbps", "kind": "failing"}
     has_kernel = False
+    latest_quarter = None  # time-free: maps the quarters a test names
 
     def __init__(self, value: float, fail_at: int | None = None) -> None:
         self.value, self.fail_at, self.blocks = value, fail_at, 0

@@ -108,6 +108,7 @@ class FailingModel:
 
     meta = {"target": "download", "units": "Mbps", "kind": "failing"}
     has_kernel = False
+    latest_quarter = None  # time-free: maps the quarters a test names
 
     def __init__(self, value: float, fail_north_of: float = 90.0, delay: float = 0.0, log: Path | None = None) -> None:
         self.value, self.fail_north_of, self.delay, self.log = value, fail_north_of, delay, log

@@ -40,6 +40,7 @@ class PlaneModel:
 
     meta = {"target": "download", "units": "Mbps", "kind": "plane"}
     has_kernel = True
+    latest_quarter = None  # time-free: maps the quarters a test names
 
     def predict(self, lonlat: np.ndarray, time=None, *, tests=None) -> Prediction:
         lonlat = np.asarray(lonlat, dtype=np.float64)

@@ -26,6 +26,7 @@ class PlaneModel:
 
     meta = {"target": "download", "units": "Mbps", "kind": "plane"}
     has_kernel = True
+    latest_quarter = None  # time-free: maps the quarters a test names
 
     def __init__(self) -> None:
         self.seen: list[np.ndarray] = []

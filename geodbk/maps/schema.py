@@ -85,20 +85,38 @@ def grid_size_limit(max_cells: int | None) -> Iterator[None]:
 
 
 class SpatialPredictor(Protocol):
-    """What grid prediction needs from a fitted model (:class:`geodbk.fit.geomodel.GeoModel` is one).
+    """Everything maps read from a fitted model (:class:`geodbk.fit.geomodel.GeoModel` is one).
 
     ``predict`` takes ``(n, 2)`` lon/lat in degrees and a quarter (``"2023Q4"``, or None for
     the model's default) and returns an object with ``mean`` and ``sd`` arrays of shape
     ``(n,)`` in target units (log10 of Mbps or ms); ``predict_series`` returns one such
     object per quarter of a sequence (what grids call). ``kernel_slice`` returns the ``(n, k)``
     prior kernel between the points and ``k`` reference points, in target units squared;
-    it is only called when ``has_kernel`` is true, as is ``predict_change`` (a
-    :class:`~geodbk.prediction.ChangePrediction`, for change layers only). ``distance_to_data`` gives metres to the
-    nearest training tile (needed for ``max_distance`` only).
+    it is only called when ``has_kernel`` is true, as are ``predict_change`` (a
+    :class:`~geodbk.prediction.ChangePrediction`, for change layers only) and ``predict_areas``
+    (area summaries: one mean and sd per group of points, shape ``(n_groups,)``).
+    ``distance_to_data`` gives metres to the nearest training tile (needed for ``max_distance``
+    only).
+
+    ``kind`` is the zoo name; ``meta`` the model's facts (``target``, ``units``, ``service``,
+    ...); ``latest_quarter`` the last fitted quarter, ``None`` for a time-free model; ``support``
+    the ``(m, 2)`` lon/lat degrees of the distinct training tiles, or ``None`` when unknown.
     """
 
     @property
+    def kind(self) -> str: ...
+
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
+
+    @property
     def has_kernel(self) -> bool: ...
+
+    @property
+    def latest_quarter(self) -> str | None: ...
+
+    @property
+    def support(self) -> np.ndarray | None: ...
 
     def predict(self, lonlat: np.ndarray, time: str | None = None) -> Any: ...
 
@@ -106,15 +124,24 @@ class SpatialPredictor(Protocol):
 
     def predict_change(self, lonlat: np.ndarray, time_from: str, time_to: str) -> Any: ...
 
+    def predict_areas(
+        self,
+        lonlat: np.ndarray,
+        groups: np.ndarray,
+        n_groups: int | None = None,
+        time: str | None = None,
+        *,
+        weights: np.ndarray | None = None,
+    ) -> Any: ...
+
     def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray: ...
 
     def distance_to_data(self, lonlat: np.ndarray) -> np.ndarray: ...
 
 
-def model_meta(model: Any) -> dict[str, Any]:
-    """The model's ``meta`` mapping (target, units, kind, ...), or ``{}``."""
-    meta = getattr(model, "meta", None)
-    return dict(meta) if isinstance(meta, Mapping) else {}
+def model_meta(model: SpatialPredictor) -> dict[str, Any]:
+    """A copy of the model's ``meta`` mapping (target, units, kind, ...)."""
+    return dict(model.meta)
 
 
 def quarter_start(label: str) -> pd.Timestamp:
@@ -158,8 +185,8 @@ class GridLayers:
     ) -> GridLayers:
         """Resolve the grid's contents for ``model`` (see :func:`geodbk.maps.predict.predict_grid`)."""
         meta = model_meta(model)
-        has_kernel = bool(getattr(model, "has_kernel", True))
-        latest = getattr(model, "latest_quarter", None)
+        has_kernel = model.has_kernel
+        latest = model.latest_quarter
         stacked = time is not None and not isinstance(time, str)
         quarters: tuple[str | None, ...]
         if time is None or isinstance(time, str):

@@ -210,7 +210,7 @@ def summarize_polygons(
         raise InputDataError("the polygons have no CRS; geodbk will not guess one")
     if len(polygons) == 0:
         raise InputDataError("no polygons to summarise")
-    if not getattr(model, "has_kernel", False):
+    if not model.has_kernel:
         raise InputDataError(f"area summaries need a GP model; {model.kind} has no joint posterior")
     meta = model_meta(model)
     level = resolve_threshold(threshold, meta)
@@ -265,7 +265,7 @@ def _observed_tiles(model: Any, block: PolygonBlock, crs: pyproj.CRS) -> np.ndar
     -1 each if the model has no tile locations. The tiles are first cut to the polygons' lon/lat
     bounds (padded by :data:`BOUNDS_PAD_DEG` for edges that bend between the CRSs), then matched
     to the shapes through an STRtree (a tile on an edge is in neither, as with ``contains``)."""
-    support = getattr(model, "support", None)
+    support = model.support
     if support is None:
         return np.full(len(block.shapes), -1)
     west, south, east, north = shapely.total_bounds([grid.geometry for grid in block.grids])
