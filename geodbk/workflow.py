@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from geodbk.dataset.quarters import parse_quarter_label
+from geodbk.dataset.quarters import Quarter
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError, OutputExistsError
 from geodbk.fileio import (
@@ -281,10 +281,8 @@ def evaluate_on_test(model: GeoModel, dataset: SpatialDataset, split: str = "tes
 def default_change(quarters: Sequence[str]) -> tuple[str, str]:
     """The year to the latest of ``quarters`` (sorted labels): ``(latest - 4 quarters, latest)``,
     or from the first quarter when fewer are fitted."""
-    latest = quarters[-1]
-    year, quarter = parse_quarter_label(latest)
-    year_before = f"{year - 1}Q{quarter}"
-    return (year_before if year_before >= quarters[0] else quarters[0]), latest
+    first, latest = Quarter.parse(quarters[0]), Quarter.parse(quarters[-1])
+    return str(max(latest.shift(-4), first)), str(latest)
 
 
 def _describe(quarters: str | Sequence[str] | None) -> str:

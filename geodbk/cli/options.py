@@ -140,39 +140,31 @@ def check_positive(args: argparse.Namespace, flags: Sequence[str]) -> None:
 
 def parse_change(text: str | None) -> tuple[str, str] | None:
     """``"2022Q4:2023Q4"`` -> ``("2022Q4", "2023Q4")`` (checked), or None."""
-    from geodbk.dataset.inputs import parse_time
+    from geodbk.dataset.quarters import Quarter
 
     if text is None:
         return None
-    start, sep, end = text.partition(":")
-    if not sep or not start.strip() or not end.strip():
-        raise InputDataError(f"--change takes FROM:TO quarters, e.g. 2022Q4:2023Q4; got {text!r}")
-    pair = (start.strip().upper(), end.strip().upper())
-    for quarter in pair:
-        parse_time(quarter)
-    return pair
+    start, end = Quarter.parse_span(text, "--change")
+    return str(start), str(end)
 
 
 def parse_quarter(text: str, flag: str = "--quarter") -> str:
     """``" 2023q4"`` -> ``"2023Q4"``, checked (one quarter)."""
-    from geodbk.dataset.quarters import parse_quarter_label
+    from geodbk.dataset.quarters import Quarter
 
     if "," in text:
         raise InputDataError(f"{flag} takes one quarter, e.g. 2023Q4; got {text!r}")
-    year, quarter = parse_quarter_label(text)
-    return f"{year}Q{quarter}"
+    return str(Quarter.parse(text))
 
 
 def parse_quarter_list(text: str, flag: str = "--quarters") -> list[str]:
     """``"2023Q1, 2023q4"`` -> ``["2023Q1", "2023Q4"]``, each checked; at least one."""
-    from geodbk.dataset.inputs import parse_time
+    from geodbk.dataset.quarters import Quarter
 
-    quarters = [q.strip().upper() for q in text.split(",") if q.strip()]
+    quarters = Quarter.parse_list(text)
     if not quarters:
         raise InputDataError(f"{flag} names no quarter")
-    for quarter in quarters:
-        parse_time(quarter)
-    return quarters
+    return [str(quarter) for quarter in quarters]
 
 
 def threshold_option(args: argparse.Namespace) -> float | str | None:

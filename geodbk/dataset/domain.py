@@ -21,7 +21,7 @@ import numpy as np
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from geodbk.dataset.quarters import QUARTER_YEARS, parse_quarter_label, quarter_label, quarter_years
+from geodbk.dataset.quarters import QUARTER_YEARS, Quarter
 
 #: Quarters after the last fitted one that a space-time model may forecast before a map of them
 #: counts as extrapolation to refuse (:meth:`DomainReport.problem`); they still warn.
@@ -79,11 +79,11 @@ class DomainReport:
             ahead = self.quarters_after
             if ahead > 1e-6:
                 what = "one quarter" if ahead < 1 + 1e-6 else f"{ahead:.0f} quarters"
-                problems.append(f"{quarter_label(self.queried[1])} is {what} after the last fitted quarter "
-                                f"{quarter_label(self.fitted[1])}")
+                problems.append(f"{Quarter.of_years(self.queried[1])} is {what} after the last fitted quarter "
+                                f"{Quarter.of_years(self.fitted[1])}")
             if self.quarters_before > 1e-6:
-                problems.append(f"{quarter_label(self.queried[0])} is before the first fitted quarter "
-                                f"{quarter_label(self.fitted[0])}")
+                problems.append(f"{Quarter.of_years(self.queried[0])} is before the first fitted quarter "
+                                f"{Quarter.of_years(self.fitted[0])}")
         return "; ".join(problems) + ": predictions there are extrapolation" if problems else None
 
     def problem(self, *, max_outside: float = MAX_OUTSIDE_SHARE, forecast: int = FORECAST_QUARTERS) -> str | None:
@@ -108,8 +108,8 @@ class DomainReport:
         if self.fitted is None:
             span = "time-free inputs"
         else:
-            first, last = quarter_label(self.fitted[0]), quarter_label(self.fitted[1])
-            span = last if first == last else f"{first}-{last}"
+            first, last = Quarter.of_years(self.fitted[0]), Quarter.of_years(self.fitted[1])
+            span = str(last) if first == last else f"{first}-{last}"
         return f"{self.region} {span}" if self.region else span
 
 
@@ -140,7 +140,7 @@ def quarter_report(fitted: Sequence[str], asked: Sequence[str], *, kind: str = "
     ``fitted`` (labels like ``"2023Q4"``), with no points: what a model will refuse before it
     is fitted (the demo checks its map quarters with it before training)."""
     def years(labels: Sequence[str]) -> list[float]:
-        return [float(quarter_years(*parse_quarter_label(label))) for label in labels]
+        return [Quarter.parse(label).years for label in labels]
 
     span, queried = years(fitted), years(asked)
     return DomainReport(

@@ -28,7 +28,7 @@ from shapely.geometry.base import BaseGeometry
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, outside_extent, transform_from_dict
 from geodbk.dataset.domain import DomainReport, beyond_region
-from geodbk.dataset.quarters import parse_quarter_label, quarter_label, quarter_years
+from geodbk.dataset.quarters import Quarter, quarter_years
 from geodbk.errors import InputDataError
 
 PROTOCOLS = ("space-time", "paper")
@@ -44,7 +44,7 @@ def parse_time(when: TimeLike) -> np.ndarray | float | None:
     if when is None:
         return None
     if isinstance(when, str):
-        return float(quarter_years(*parse_quarter_label(when)))
+        return Quarter.parse(when).years
     years = np.asarray(when, dtype=np.float64)
     if not np.isfinite(years).all():
         raise InputDataError("time must be finite decimal years")
@@ -113,7 +113,7 @@ class InputSpace:
     @property
     def latest(self) -> str | None:
         """The last fitted quarter, e.g. ``"2023Q4"`` (None without time)."""
-        return None if self.time is None else quarter_label(self.time.last)
+        return None if self.time is None else str(Quarter.of_years(self.time.last))
 
     def years(self, when: TimeLike, n: int) -> np.ndarray | None:
         """(n,) decimal years of ``when`` (default the latest fitted quarter), or None without time."""

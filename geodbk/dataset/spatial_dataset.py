@@ -24,7 +24,7 @@ import shapely
 
 from geodbk import paths
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
-from geodbk.dataset.quarters import parse_quarter_label
+from geodbk.dataset.quarters import Quarter
 from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path
@@ -86,7 +86,7 @@ class SpatialDataset:
     def quarters(self) -> list[str]:
         """Quarters present, sorted, as ``"2023Q4"`` strings."""
         pairs = self.frame[["year", "quarter"]].drop_duplicates().sort_values(["year", "quarter"])
-        return [f"{y}Q{q}" for y, q in pairs.itertuples(index=False)]
+        return [str(Quarter(int(y), int(q))) for y, q in pairs.itertuples(index=False)]
 
     def subset(self, split: str) -> gpd.GeoDataFrame:
         """Rows of one split (``"train"``, ``"val"``, ``"test"``) or ``"all"``."""
@@ -135,8 +135,8 @@ class SpatialDataset:
             f"urban/rural route: {self.urban_route}",
             "dropped: " + (", ".join(f"{k} {v:,}" for k, v in self.dropped.items()) or "none"),
         ]
-        labels = f["year"].astype(str) + "Q" + f["quarter"].astype(str)
-        per_quarter = pd.crosstab(labels, f["split"]).reindex(columns=list(SPLITS), fill_value=0)
+        per_quarter = pd.crosstab([f["year"], f["quarter"]], f["split"]).reindex(columns=list(SPLITS), fill_value=0)
+        per_quarter.index = [str(Quarter(int(y), int(q))) for y, q in per_quarter.index]
         per_quarter["total"] = per_quarter.sum(axis=1)
         per_quarter.loc["total"] = per_quarter.sum()
         per_quarter.index.name, per_quarter.columns.name = "quarter", None
@@ -229,14 +229,14 @@ def parse_quarters(quarters: str | Sequence[str | tuple[int, int]] | None) -> li
     """``"2023Q1,2023Q4"`` / ``["2023Q1", (2023, 4)]`` -> ``[(2023, 1), (2023, 4)]``; None stays None."""
     if quarters is None:
         return None
-    items = quarters.split(",") if isinstance(quarters, str) else list(quarters)
-    out = []
-    for item in items:
-        year, q = item if isinstance(item, tuple) else parse_quarter_label(str(item))
-        out.append((int(year), int(q)))
-    if not out:
+    if isinstance(quarters, str):
+        parsed = Quarter.parse_list(quarters)
+    else:
+        parsed = [Quarter(int(item[0]), int(item[1])) if isinstance(item, tuple) else Quarter.parse(item)
+                  for item in quarters]
+    if not parsed:
         raise InputDataError("no quarters given")
-    return out
+    return [(quarter.year, quarter.number) for quarter in parsed]
 
 
 def _split_rows(

@@ -54,8 +54,7 @@ import pyproj
 import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
-from geodbk.dataset.inputs import parse_time
-from geodbk.dataset.quarters import parse_quarter_label
+from geodbk.dataset.quarters import Quarter
 from geodbk.errors import InputDataError, ResourceLimitError
 from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
 from geodbk.prediction import Z95, probability_below, to_data_units
@@ -146,8 +145,7 @@ def model_meta(model: SpatialPredictor) -> dict[str, Any]:
 
 def quarter_start(label: str) -> pd.Timestamp:
     """``"2023Q4"`` -> 2023-10-01, the CF time value of a quarter."""
-    year, quarter = parse_quarter_label(label)
-    return pd.Timestamp(year=year, month=3 * (quarter - 1) + 1, day=1)
+    return pd.Timestamp(Quarter.parse(label).start)
 
 
 @dataclass(frozen=True)
@@ -347,7 +345,7 @@ class GridLayers:
 def _check_quarter(quarter: str) -> None:
     if not isinstance(quarter, str):
         raise InputDataError(f"quarters are labels like '2023Q4', got {quarter!r}")
-    parse_time(quarter)
+    Quarter.parse(quarter)
 
 
 def check_grid_size(grid: RegularGrid, values_per_cell: int, *, lift: str | None = None) -> None:
