@@ -11,24 +11,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import xarray as xr
 
 from geodbk.fileio import ZARR_STORE, atomic_dir, atomic_path, write_failure
+from geodbk.maps.stores import grid_encoding
 
 
 def write_netcdf(ds: xr.Dataset, path: str | Path, *, overwrite: bool = False) -> Path:
-    """Write the whole grid dataset to NetCDF-4 (zlib-compressed float32, CRS in ``spatial_ref``)."""
+    """Write the whole grid dataset to NetCDF-4 (:func:`geodbk.maps.stores.grid_encoding`:
+    zlib-compressed, NaN-filled, CRS in ``spatial_ref``)."""
     path = Path(path)
-    encoding = {}
-    for name in ds.data_vars:
-        enc = {k: v for k, v in ds[name].encoding.items() if k == "grid_mapping"}
-        if np.issubdtype(ds[name].dtype, np.floating):
-            enc.update(zlib=True, complevel=4, _FillValue=np.float32(np.nan))
-        encoding[name] = enc
     with atomic_path(path, overwrite=overwrite) as tmp:
         try:
-            ds.to_netcdf(tmp, mode="w", engine="netcdf4", encoding=encoding)
+            ds.to_netcdf(tmp, mode="w", engine="netcdf4", encoding=grid_encoding(ds))
         except Exception as err:  # netCDF4 raises RuntimeError or OSError, often with a wrong errno
             raise write_failure(path, err) from err
     return path

@@ -21,13 +21,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import xarray as xr
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import ZARR_STORE, StagedPath, write_failure
+
+
+def grid_encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
+    """The NetCDF-4 encoding of every data variable of a grid, for the streaming
+    :class:`NetCDFSink` and :func:`geodbk.io.cubes.write_netcdf` alike: the variable's
+    ``grid_mapping`` (its link to the CRS in ``spatial_ref``); for floating variables zlib
+    compression at level 4 with NaN as the float32 fill value; for a dask-backed variable, file
+    chunks the size of its dask chunks (the blocks a streamed grid is written in).
+    """
+    encoding: dict[str, dict[str, Any]] = {}
+    for name, var in ds.data_vars.items():
+        enc = {key: value for key, value in var.encoding.items() if key == "grid_mapping"}
+        if np.issubdtype(var.dtype, np.floating):
+            enc.update(zlib=True, complevel=4, _FillValue=np.float32(np.nan))
+        if var.chunks is not None:
+            enc["chunksizes"] = var.data.chunksize
+        encoding[str(name)] = enc
+    return encoding
 
 
 class BlockSink(Protocol):
@@ -144,15 +162,10 @@ class NetCDFSink:
 
         self.staged = StagedPath.beside(path, overwrite=overwrite)
         self.nc: netCDF4.Dataset | None = None
-        encoding = {
-            name: {
-                **template[name].encoding, "zlib": True, "complevel": 4,
-                "chunksizes": template[name].data.chunksize, "_FillValue": np.float32(np.nan),
-            }
-            for name in template.data_vars
-        }
         try:
-            template.to_netcdf(self.staged.tmp, mode="w", compute=False, encoding=encoding, engine="netcdf4")
+            template.to_netcdf(
+                self.staged.tmp, mode="w", compute=False, encoding=grid_encoding(template), engine="netcdf4"
+            )
             self.nc = netCDF4.Dataset(self.staged.tmp, "a")
             self.nc.set_auto_mask(False)
         except Exception as err:
@@ -204,4 +217,4 @@ def open_grid(path: str | Path) -> xr.Dataset:
     return ds
 
 
-__all__ = ["BlockSink", "MemorySink", "NetCDFSink", "ZarrRegions", "ZarrSink", "open_grid"]
+__all__ = ["BlockSink", "MemorySink", "NetCDFSink", "ZarrRegions", "ZarrSink", "grid_encoding", "open_grid"]
