@@ -1,4 +1,5 @@
-"""The .dbk accessor on grids: back-transform, intervals, exceedance and GeoTIFF, on (y, x) and (time, y, x)."""
+"""The .dbk accessor on grids: layout (quarters, one quarter, change span, cells), back-transform,
+intervals, exceedance and GeoTIFF, on (y, x) and (time, y, x)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import xarray as xr
 from scipy.stats import norm
 
 import geodbk.io.accessor  # noqa: F401  (registers .dbk)
+from geodbk.dataset.quarters import Quarter
 from geodbk.errors import InputDataError
-from geodbk.io.cubes import write_zarr
+from geodbk.io.cubes import write_netcdf, write_zarr
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.stores import open_grid
-from geodbk.prediction import Prediction
+from geodbk.prediction import ChangePrediction, Prediction
 
 REGION = shapely.Point(-66.5, 18.2).buffer(0.2)
 QUARTERS = ["2023Q3", "2023Q4"]
@@ -44,6 +46,17 @@ class QuarterModel:
         return [self.predict(lonlat, when) for when in times]
 
 
+class ChangeModel(QuarterModel):
+    """:class:`QuarterModel` with change layers: the change is the step of :func:`truth`, sd 0.05."""
+
+    has_kernel = True
+
+    def predict_change(self, lonlat, time_from, time_to):
+        lonlat = np.asarray(lonlat, dtype=np.float64)
+        (mean_from, sd_from), (mean_to, sd_to) = truth(lonlat, time_from), truth(lonlat, time_to)
+        return ChangePrediction(mean_to - mean_from, np.full(len(lonlat), 0.05), mean_from, mean_to, sd_from, sd_to)
+
+
 @pytest.fixture(scope="module")
 def grid() -> RegularGrid:
     return RegularGrid.over(REGION, 0.01)
@@ -67,6 +80,65 @@ def expected(ds: xr.Dataset, grid: RegularGrid) -> tuple[np.ndarray, np.ndarray]
         sds.append(np.where(inside, sd.reshape(grid.shape), np.nan))
     shape = ds["mean"].shape
     return np.stack(means).reshape(shape), np.stack(sds).reshape(shape)
+
+
+def test_quarters_and_one_quarter_of_a_grid(ds, grid):
+    mean, _ = expected(ds, grid)
+    if "time" in ds.dims:
+        assert ds.dbk.quarters == [Quarter(2023, 3), Quarter(2023, 4)]
+        np.testing.assert_array_equal(ds.dbk.at("2023q3")["mean"].values, ds["mean"].values[0])
+        np.testing.assert_allclose(ds.dbk.at(Quarter(2023, 3))["mean"].values, mean[0], rtol=1e-6)
+    else:
+        assert ds.dbk.quarters == [Quarter(2023, 4)]
+        assert ds.dbk.at("2023Q4") is ds
+    last = ds.dbk.at()
+    assert last["mean"].dims == ("y", "x")
+    assert not {"time", "quarter", "time_bounds"} & set(last.variables)
+    np.testing.assert_allclose(last["mean"].values, mean.reshape(-1, *grid.shape)[-1], rtol=1e-6)
+    assert last.rio.crs == ds.rio.crs
+    with pytest.raises(InputDataError, match="no quarter 2022Q1"):
+        ds.dbk.at("2022Q1")
+    assert ds.dbk.change_span is None
+
+
+def test_cells_inside_a_geometry(ds, grid):
+    mapped = ds.dbk.cells_inside()
+    assert mapped.dims == ("y", "x") and mapped.dtype == bool
+    np.testing.assert_array_equal(mapped.values, grid.inside_mask())
+    west = shapely.box(-66.8, 17.8, -66.5, 18.6)  # the western half of the region, in the grid's CRS
+    lon, _ = np.meshgrid(grid.x, grid.y)
+    np.testing.assert_array_equal(ds.dbk.cells_inside(west).values, grid.inside_mask() & (lon <= -66.5))
+    assert not ds.dbk.cells_inside(shapely.box(0, 0, 1, 1)).any()
+
+
+def test_change_span_of_a_change_grid(grid):
+    ds = predict_grid(ChangeModel(), grid, time=QUARTERS, change=("2023Q3", "2023Q4"), progress=False)
+    assert ds.dbk.change_span == (Quarter(2023, 3), Quarter(2023, 4))
+    without_attr = ds.copy()
+    del without_attr.attrs["change"]
+    assert without_attr.dbk.change_span == (Quarter(2023, 3), Quarter(2023, 4))  # from the change variable
+    np.testing.assert_allclose(ds.dbk.at()["change"].values[grid.inside_mask()], 0.1, rtol=1e-5)
+    with pytest.raises(InputDataError, match="FROM:TO"):
+        _ = ds.assign_attrs(change="2023Q3").dbk.change_span
+
+
+@pytest.mark.parametrize("writer", [write_netcdf, write_zarr, "netcdf-sink"])
+def test_layout_survives_netcdf_and_zarr(tmp_path, grid, writer):
+    ds = predict_grid(ChangeModel(), grid, time=QUARTERS, change=("2023Q3", "2023Q4"), progress=False)
+    if writer == "netcdf-sink":  # streamed block by block into the file
+        predict_grid(
+            ChangeModel(), grid, time=QUARTERS, change=("2023Q3", "2023Q4"), progress=False, store=tmp_path / "grid.nc"
+        ).close()
+        path = tmp_path / "grid.nc"
+    else:
+        path = writer(ds, tmp_path / ("grid.nc" if writer is write_netcdf else "grid.zarr"))
+    with open_grid(path) as back:
+        assert back.dbk.quarters == ds.dbk.quarters
+        assert back.dbk.change_span == ds.dbk.change_span
+        np.testing.assert_array_equal(back.dbk.cells_inside().values, ds.dbk.cells_inside().values)
+        for quarter in QUARTERS:
+            np.testing.assert_array_equal(back.dbk.at(quarter)["mean"].values, ds.dbk.at(quarter)["mean"].values)
+        assert back.dbk.at().rio.crs == ds.rio.crs
 
 
 def test_data_units_are_the_back_transform_of_mean_and_sd(ds, grid):

@@ -1,4 +1,5 @@
-"""The ``.dbk`` accessor on geodbk grid datasets: data units, prediction intervals, exceedance, GeoTIFF.
+"""The ``.dbk`` accessor on geodbk grid datasets: the grid's layout, data units, prediction intervals,
+exceedance, GeoTIFF.
 
 Importing this module registers the accessor on every :class:`xarray.Dataset`, as
 ``import rioxarray`` registers ``.rio``. ``import geodbk`` stays light and registers
@@ -11,9 +12,12 @@ one too (``import geodbk.io.accessor``).
 A grid (:func:`geodbk.maps.predict.predict_grid`, :meth:`geodbk.fit.geomodel.GeoModel.grid`,
 :func:`geodbk.maps.stores.open_grid`) holds ``mean`` and ``sd`` of log10(value), dims
 ``(y, x)`` or ``(time, y, x)``; every method here works from those two, elementwise, keeps
-their dims, coordinates and CRS (``spatial_ref``), and stays lazy on a dask-backed grid:
+their dims, coordinates and CRS (``spatial_ref``), and stays lazy on a dask-backed grid. The
+layout members (``quarters``, ``at``, ``change_span``, ``cells_inside``) come from
+:class:`geodbk.io.reader.GridReader`, the one reader of the grid format:
 
 >>> grid = model.grid("1km")                          # doctest: +SKIP
+>>> grid.dbk.quarters, grid.dbk.at("2023Q4")          # doctest: +SKIP
 >>> grid.dbk.mbps()["lower_mbps"]                     # doctest: +SKIP
 >>> grid.dbk.p_below(35.0)                            # doctest: +SKIP
 >>> grid.dbk.to_geotiff("map.tif", ["mean", "sd"], cog=True)  # doctest: +SKIP
@@ -29,17 +33,16 @@ import xarray as xr
 
 from geodbk.errors import InputDataError
 from geodbk.io.geotiff import write_geotiff
+from geodbk.io.reader import GridReader
 from geodbk.maps.schema import GridLayers
 from geodbk.maps.thresholds import check_threshold
 from geodbk.prediction import Prediction, probability_below, to_data_units
 
 
 @xr.register_dataset_accessor("dbk")
-class DBKAccessor:
-    """``ds.dbk``: the predictive distribution of a geodbk grid, N(mean, sd^2) of log10(value) per cell."""
-
-    def __init__(self, ds: xr.Dataset) -> None:
-        self._ds = ds
+class DBKAccessor(GridReader):
+    """``ds.dbk``: the layout of a geodbk grid (:class:`~geodbk.io.reader.GridReader`) and its
+    predictive distribution, N(mean, sd^2) of log10(value) per cell."""
 
     @property
     def units(self) -> str:
@@ -51,11 +54,8 @@ class DBKAccessor:
         return GridLayers(str(self._ds.attrs.get("target", "download")), self.units, (None,), False, threshold)
 
     def _mean_sd(self) -> tuple[xr.DataArray, xr.DataArray]:
-        missing = [name for name in ("mean", "sd") if name not in self._ds.data_vars]
-        if missing:
-            have = list(self._ds.data_vars)
-            raise InputDataError(f"not a geodbk grid: no {' or '.join(missing)} variable (it has {have})")
-        return self._ds["mean"], self._ds["sd"]
+        mean, sd = self._variables("mean", "sd")
+        return mean, sd
 
     def to_data_units(self) -> xr.Dataset:
         """The median and the 95% prediction-interval bounds in data units, shaped like ``mean``.

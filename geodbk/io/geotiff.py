@@ -19,6 +19,7 @@ import xarray as xr
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path, write_failure
+from geodbk.io.reader import GridReader
 
 #: Nodata value written to GeoTIFFs (float32 bands); cells outside the region get it.
 GEOTIFF_NODATA = -9999.0
@@ -32,7 +33,8 @@ def geotiff_bands(ds: xr.Dataset, variables: Sequence[str] | None = None) -> xr.
     variables of a multi-quarter grid (dims ``time, y, x``) come first, as one group of bands
     per quarter named ``<variable>:<quarter>`` (``mean:2023Q4``). The band names are in the
     ``long_name`` attribute (a tuple, which rioxarray writes as band descriptions); each
-    band's ``name``, ``units`` and ``quarter`` are in ``band_tags``.
+    band's ``name``, ``units`` and ``quarter`` are in ``band_tags`` (a ``(y, x)`` band's quarter
+    is its own ``quarter`` attribute, else that of a one-quarter grid).
     """
     if variables is not None:
         names = list(variables)
@@ -42,19 +44,19 @@ def geotiff_bands(ds: xr.Dataset, variables: Sequence[str] | None = None) -> xr.
     if missing:
         raise InputDataError(f"grid has no variable(s) {missing}; it has {list(ds.data_vars)}")
     per_quarter = [n for n in names if ds[n].dims == ("time", "y", "x")]
+    reader = GridReader(ds)
+    mapped = reader.quarters
     entries: list[tuple[str, xr.DataArray, dict[str, str]]] = []
-    for index in range(ds.sizes.get("time", 0) if per_quarter else 0):
-        quarter = str(ds["quarter"].values[index]) if "quarter" in ds.coords else str(index)
+    for quarter in mapped if per_quarter else []:
+        layers = reader.at(quarter)
         for name in per_quarter:
-            tags = {"units": str(ds[name].attrs.get("units", "")), "quarter": quarter}
-            entries.append((f"{name}:{quarter}", ds[name].isel(time=index, drop=True), tags))
+            tags = {"units": str(ds[name].attrs.get("units", "")), "quarter": str(quarter)}
+            entries.append((f"{name}:{quarter}", layers[name], tags))
+    grid_quarter = {} if "time" in ds.dims or not mapped else {"quarter": str(mapped[0])}
     for name in names:
         var = ds[name]
         units = {"units": str(var.attrs.get("units", ""))}
-        if "quarter" in var.attrs:
-            units["quarter"] = str(var.attrs["quarter"])
-        elif "quarter" in ds.attrs:
-            units["quarter"] = str(ds.attrs["quarter"])
+        units.update({"quarter": str(var.attrs["quarter"])} if "quarter" in var.attrs else grid_quarter)
         if var.dims == ("y", "x"):
             entries.append((name, var, units))
         elif var.dims == ("ref", "y", "x"):

@@ -1,9 +1,9 @@
-"""Cells and quarters of a saved grid.
+"""Cells and quarters of a saved grid, as the dashboard shows them.
 
-A grid comes in one of two layouts (see :mod:`geodbk.maps.schema`): per-quarter variables with
-dims ``(time, y, x)`` and a ``quarter`` label coordinate (the default of ``geodbk demo``),
-or 2-D ``(y, x)`` variables with the mapped quarter in the ``quarter`` attribute (``geodbk
-demo --quarter``, or a time-free model without it). Cells outside the region are NaN.
+The grid's layout (its quarters, one quarter of it, its change span and its cells) is read by
+the ``.dbk`` accessor (:class:`geodbk.io.reader.GridReader`); this module turns it into labels
+and arrays for the dashboard (a ``"2023Q4"`` string per quarter, the last quarter where the
+wanted one is missing, lon/lat of the cells).
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import pyproj
 import rioxarray  # noqa: F401  (registers the .rio accessor that gives a grid's CRS)
 import xarray as xr
 
+import geodbk.io.accessor  # noqa: F401  (registers the .dbk accessor that reads a grid's layout)
+
+#: Name of a lone variable while it is read as a one-variable grid (:func:`at_quarter`).
+_LONE = "values"
+
 
 def grid_quarters(grid: xr.Dataset | None) -> list[str]:
-    """Quarter labels of a grid: its ``quarter`` coordinate along ``time``, else the mapped
-    quarter of a 2-D grid, else ``[]`` (a time-free model)."""
-    if grid is None:
-        return []
-    if "time" in grid.dims and "quarter" in grid.coords:
-        return [str(q) for q in grid["quarter"].to_numpy()]
-    quarter = grid.attrs.get("quarter")
-    return [str(quarter)] if quarter else []
+    """Quarter labels of a grid (``grid.dbk.quarters`` as ``"2023Q4"`` strings); ``[]`` for a
+    time-free model's map or no grid."""
+    return [] if grid is None else [str(quarter) for quarter in grid.dbk.quarters]
 
 
 def shown_quarter(grid: xr.Dataset | None, wanted: str | None, fallback: str | None) -> str | None:
@@ -36,31 +36,30 @@ def shown_quarter(grid: xr.Dataset | None, wanted: str | None, fallback: str | N
 
 def at_quarter(values: xr.DataArray, quarter: str | None) -> xr.DataArray:
     """The 2-D ``(y, x)`` map of a grid variable at ``quarter`` (the last one when ``quarter``
-    is not in the grid), without the time coordinates; a 2-D variable is returned as it is."""
-    if "time" in values.dims:
-        labels = [str(q) for q in values["quarter"].to_numpy()] if "quarter" in values.coords else []
-        values = values.isel(time=labels.index(quarter) if quarter in labels else -1)
-    extra = [name for name in values.coords if name not in ("x", "y", "spatial_ref")]
-    return values.drop_vars(extra)
+    is not in the grid, ``grid.dbk.at``), keeping only the ``x``, ``y`` and ``spatial_ref``
+    coordinates; a 2-D variable is returned as it is."""
+    lone = values.to_dataset(name=_LONE)
+    shown = quarter if quarter in grid_quarters(lone) else None
+    at = lone.dbk.at(shown)[_LONE].rename(values.name)
+    return at.drop_vars([name for name in at.coords if name not in ("x", "y", "spatial_ref")])
 
 
 def change_span(grid: xr.Dataset) -> str:
-    """``"2022Q4 → 2023Q4"``: the quarters of a grid's change layers (``"? → ?"`` if unknown)."""
-    attrs = grid["change"].attrs if "change" in grid else {}
-    start = attrs.get("quarter_from") or str(grid.attrs.get("change", "?:?")).split(":")[0]
-    end = attrs.get("quarter_to") or str(grid.attrs.get("change", "?:?")).split(":")[-1]
-    return f"{start} → {end}"
+    """``"2022Q4 → 2023Q4"``: the quarters of a grid's change layers (``grid.dbk.change_span``;
+    ``"? → ?"`` if the grid does not say)."""
+    span = grid.dbk.change_span
+    return "? → ?" if span is None else f"{span[0]} → {span[1]}"
 
 
 def grid_cells_lonlat(grid: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
     """``(lonlat, inside)``: ``(m, 2)`` lon/lat degrees of the ``m`` cells inside the region,
     in row-major ``(y, x)`` order, and the ``(ny, nx)`` bool mask of those cells.
 
-    Cell centres in a projected CRS (UTM grids) are converted to degrees. The region mask is
-    the same in every quarter, so the last quarter's ``mean`` is used.
+    Cell centres in a projected CRS (UTM grids) are converted to degrees; the cells are
+    ``grid.dbk.cells_inside()``.
     """
     xx, yy = np.meshgrid(grid["x"].to_numpy(), grid["y"].to_numpy())
-    inside = np.isfinite(at_quarter(grid["mean"], None).to_numpy())
+    inside = grid.dbk.cells_inside().to_numpy()
     px, py = xx[inside], yy[inside]
     crs = grid.rio.crs
     if crs is not None and not pyproj.CRS.from_user_input(crs).is_geographic:
@@ -73,4 +72,4 @@ def on_cells(grid: xr.Dataset, inside: np.ndarray, values: np.ndarray, name: str
     region, as from :func:`grid_cells_lonlat`) on the grid's cells, NaN outside."""
     full = np.full(inside.shape, np.nan, dtype=np.float64)
     full[inside] = values
-    return at_quarter(grid["mean"], None).copy(data=full).rename(name)
+    return grid.dbk.cells_inside().copy(data=full).rename(name)
