@@ -7,7 +7,7 @@ import datetime
 import numpy as np
 import pytest
 
-from geodbk.dataset.quarters import Quarter, quarter_years
+from geodbk.dataset.quarters import Quarter, parse_quarter_label, quarter_years
 from geodbk.errors import InputDataError
 
 
@@ -18,6 +18,7 @@ def test_label_and_parse_round_trip(year: int, number: int) -> None:
     assert str(quarter) == f"{year}Q{number}"
     assert Quarter.parse(str(quarter)) == quarter
     assert Quarter.parse(quarter) is quarter
+    assert parse_quarter_label(str(quarter).lower()) == (year, number)
 
 
 def test_parse_takes_the_forms_the_cli_takes() -> None:

@@ -114,4 +114,10 @@ class Quarter:
         return float(quarter_years(self.year, self.number))
 
 
-__all__ = ["QUARTER_YEARS", "Quarter", "quarter_years"]
+def parse_quarter_label(text: str) -> tuple[int, int]:
+    """``"2023Q4"`` -> ``(2023, 4)``: :meth:`Quarter.parse` as a (year, quarter) pair, for table columns."""
+    quarter = Quarter.parse(text)
+    return quarter.year, quarter.number
+
+
+__all__ = ["QUARTER_YEARS", "Quarter", "parse_quarter_label", "quarter_years"]
