@@ -1,2 +1,4 @@
-"""Export: GeoTIFF/COG, NetCDF and Zarr of finished grids, and vector files of tile predictions.
+"""Export and reading of finished grids: GeoTIFF/COG, NetCDF and Zarr, vector files of tile
+predictions, and the ``.dbk`` accessor, whose :class:`~geodbk.io.reader.GridReader` is the one
+reader of the grid format.
 """
