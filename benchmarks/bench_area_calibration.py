@@ -37,7 +37,8 @@ import shapely
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import GeoModel, fit_dataset
+from geodbk.fit.fitting import fit_dataset
+from geodbk.fit.geomodel import GeoModel
 from geodbk.ingest.regions import read_polygons
 from geodbk.paths import COUNTY_BOUNDARIES
 from geodbk.prediction import Z95
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 peer = peers.fit_peer(dataset, *model_name.split(":"))
                 name, score = model_name, independent_areas(peer.predict_tiles)
             else:
-                model = fit_dataset(dataset, model_name, train_config=schedule)
+                model = fit_dataset(dataset, model_name, **schedule.to_dict())
                 name, score = model_name, joint_areas(model)
             table = calibration(score, sets)
             table["coverage95"] *= 100

@@ -217,11 +217,10 @@ def quarter_worker(model_path: str, size: int, n_quarters: int, out_dir: str, re
 def fit_small_model(path: Path, quarters: tuple[str, ...] | None = ("2023Q4",)) -> None:
     """DBK-RBF, 5 epochs, on the PR sample's ``quarters`` (None: every quarter), saved to ``path``."""
     from geodbk.dataset.spatial_dataset import load_sample_dataset
-    from geodbk.fit.geomodel import fit_dataset
-    from geodbk.models.config import TrainConfig
+    from geodbk.fit.fitting import fit_dataset
 
     dataset = load_sample_dataset("PR", quarters=None if quarters is None else list(quarters))
-    fit_dataset(dataset, "dbk-rbf", train_config=TrainConfig(epochs=5, device="cpu", progress=False)).save(path)
+    fit_dataset(dataset, "dbk-rbf", epochs=5, device="cpu", progress=False).save(path)
 
 
 def _run_child(args: list[str], what: str) -> dict:

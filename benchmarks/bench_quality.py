@@ -40,8 +40,8 @@ from peers import PEERS, VARIANTS, fit_peer, missing_peers  # benchmarks/peers.p
 
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, map_model_config
+from geodbk.fit.fitting import fit_dataset
+from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M
 from geodbk.models.config import TrainConfig
 from geodbk.workflow import DemoConfig, evaluate_on_test
 
@@ -81,7 +81,7 @@ def fit_and_score(
             raise ValueError(f"the peer {kind} has no {protocol!r} protocol")
         model = fit_peer(dataset, peer, variant, seed=train_config.seed)
     else:
-        model = fit_dataset(dataset, kind, protocol=protocol, train_config=train_config, **fit_kw)
+        model = fit_dataset(dataset, kind, protocol=protocol, **train_config.to_dict(), **fit_kw)
     seconds = time.perf_counter() - start
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
@@ -174,9 +174,8 @@ def tune(regions: list[str], train_config: TrainConfig) -> None:
         for split in ("random", "spatial-block"):
             dataset = base.with_split(split)
             for scales, metres in grid:
-                config = map_model_config("space-time", encoding_scales=scales)
                 metrics, _ = fit_and_score(dataset, "dbk-rbf", "space-time", train_config, "val",
-                                           model_config=config, min_wavelength_m=metres)
+                                           encoding_scales=scales, min_wavelength_m=metres)
                 nll = metrics.loc["overall", "NLL"]
                 print(f"  {region} {split:13s} scales {scales:2d}  {metres:6.0f} m  val NLL {nll:.4f}", flush=True)
 

@@ -165,16 +165,11 @@ def stage_fit(dataset: Path, model_path: Path, checkpoint: Path) -> None:
     """dbk-rbf at the CPU preset for one epoch (then the posterior and the residual field); prints
     the seconds to the end of epoch 1 (from the checkpoint's time) and in all."""
     from geodbk.dataset.spatial_dataset import SpatialDataset
-    from geodbk.fit.geomodel import fit_dataset
-    from geodbk.fit.protocol import map_model_config
-    from geodbk.models.config import run_preset
+    from geodbk.fit.fitting import fit_dataset
 
     data = SpatialDataset.load(dataset)
-    size, train_config = run_preset("cpu").configs(epochs=1, progress=False, device="cpu",
-                                                   checkpoint_path=str(checkpoint))
-    model_config = map_model_config("space-time", hidden=size.hidden, rank=size.rank)  # as geodbk fit does
-    start = time.time()
-    model = fit_dataset(data, "dbk-rbf", model_config=model_config, train_config=train_config)
+    start = time.time()  # the CPU preset, as geodbk fit uses it
+    model = fit_dataset(data, "dbk-rbf", epochs=1, progress=False, device="cpu", checkpoint_path=str(checkpoint))
     total = time.time() - start
     model.save(model_path)
     epoch = checkpoint.stat().st_mtime - start

@@ -45,7 +45,9 @@ _EXPORTS = {
     "Regressor": "geodbk.fit.regressor",
     "GeoModel": "geodbk.fit.geomodel",
     "DBKRegressor": "geodbk.fit.estimator",
-    "fit_dataset": "geodbk.fit.geomodel",
+    "fit_dataset": "geodbk.fit.fitting",
+    "ModelInfo": "geodbk.dataset.model_info",
+    "Protocol": "geodbk.fit.protocol",
     "evaluate": "geodbk.fit.metrics",
     "ExtrapolationWarning": "geodbk.errors",
     # grids and export

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from geodbk.dataset.quarters import Quarter
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError, OutputExistsError
 from geodbk.fileio import (
@@ -43,16 +43,16 @@ from geodbk.fileio import (
     mark_output,
     output_kind,
 )
-from geodbk.fit.geomodel import GeoModel, fit_dataset
+from geodbk.fit.fitting import fit_dataset
+from geodbk.fit.geomodel import GeoModel
 from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table, save_metrics
-from geodbk.fit.protocol import map_model_config
+from geodbk.fit.protocol import get_protocol
 from geodbk.io.geotiff import write_geotiff
 from geodbk.io.vectors import write_tile_predictions
 from geodbk.maps.geometry import RegularGrid
-from geodbk.maps.predict import predict_grid
 from geodbk.maps.reference import reference_points
 from geodbk.maps.thresholds import DEFAULT
-from geodbk.models.config import ModelConfig, RunPreset, TrainConfig, run_preset
+from geodbk.models.config import TrainConfig
 
 #: Model kinds the demo fits by default: the headline DBK, the SVGP baseline on the same deep
 #: features and the k-nearest-tiles baseline every GP row has to beat (sv-rbf and the rest
@@ -238,20 +238,20 @@ class DemoConfig:
     device: str = "auto"
     progress: bool = True
 
-    def preset(self) -> RunPreset:
-        """The size and schedule preset: ``paper`` with ``paper_size``, else ``cpu``."""
-        return run_preset("paper" if self.paper_size else "cpu")
+    @property
+    def preset(self) -> str:
+        """The size and schedule preset: ``"paper"`` with ``paper_size``, else ``"cpu"``."""
+        return "paper" if self.paper_size else "cpu"
 
-    def model_config(self) -> ModelConfig:
-        size, _ = self.preset().configs()
-        return replace(map_model_config(self.protocol), hidden=size.hidden, rank=size.rank)
+    def overrides(self) -> dict[str, Any]:
+        """What this demo sets over its protocol and preset: the keyword arguments of
+        :func:`~geodbk.fit.fitting.fit_dataset` (``None`` = the preset's value)."""
+        return {"epochs": self.epochs, "lr": self.lr, "seed": self.seed, "device": self.device,
+                "progress": self.progress}
 
     def train_config(self) -> TrainConfig:
-        """The preset's schedule; explicit ``epochs`` and ``lr`` win."""
-        _, train = self.preset().configs(
-            epochs=self.epochs, lr=self.lr, seed=self.seed, device=self.device, progress=self.progress
-        )
-        return train
+        """The schedule :func:`run_demo` trains with (the preset's; explicit ``epochs`` and ``lr`` win)."""
+        return get_protocol(self.protocol).configs(self.preset, **self.overrides())[1]
 
 
 @dataclass
@@ -276,13 +276,6 @@ def evaluate_on_test(model: GeoModel, dataset: SpatialDataset, split: str = "tes
     rows = dataset.subset(split)
     prediction = model.predict_tiles(rows).measurement()
     return evaluate(rows["y"].to_numpy(np.float64), prediction, rows["urban_rural"].to_numpy().astype(str))
-
-
-def default_change(quarters: Sequence[str]) -> tuple[str, str]:
-    """The year to the latest of ``quarters`` (sorted labels): ``(latest - 4 quarters, latest)``,
-    or from the first quarter when fewer are fitted."""
-    first, latest = Quarter.parse(quarters[0]), Quarter.parse(quarters[-1])
-    return str(max(latest.shift(-4), first)), str(latest)
 
 
 def _describe(quarters: str | Sequence[str] | None) -> str:
@@ -352,9 +345,7 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
     for kind in cfg.models:
         echo(f"fitting {kind} ...")
         t0 = time.perf_counter()
-        model = fit_dataset(
-            dataset, kind, protocol=cfg.protocol, model_config=cfg.model_config(), train_config=cfg.train_config()
-        )
+        model = fit_dataset(dataset, kind, protocol=cfg.protocol, preset=cfg.preset, **cfg.overrides())
         seconds[f"fit {kind}"] = time.perf_counter() - t0
         echo(f"fitted {kind} in {seconds[f'fit {kind}']:.0f} s")
         model.save(run.model(kind))
@@ -371,18 +362,19 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
     grid = RegularGrid.over(dataset.region, cfg.resolution, crs=cfg.map_crs)
     refs = reference_points(dataset, grid)
     fitted = next(iter(models.values()))
-    quarters = dataset.quarters if fitted.latest_quarter is not None else None
-    mapped: str | list[str] | None = cfg.map_quarter or (quarters if quarters and len(quarters) > 1 else None)
-    change = cfg.change or (default_change(quarters) if quarters and len(quarters) > 1 else None)
+    several = fitted.latest_quarter is not None and len(dataset.quarters) > 1
+    quarters, change_spec = cfg.map_quarter or ("all" if several else "latest"), cfg.change or (
+        "last-year" if several else None)
+    mapped, change = fitted.map_time(quarters), fitted.change_span(change_spec)
     echo(f"map grid: {grid.height} x {grid.width} cells of {cfg.resolution} in {grid.crs.to_string()}, "
          f"quarters {_describe(mapped)}" + (f", change {change[0]} -> {change[1]}" if change else "")
          + "; kernel slices (GP kinds) at "
          + ", ".join(f"{k} ({lon:.3f}, {lat:.3f})" for k, (lon, lat) in refs.items()))
     for kind, model in models.items():  # kernel-free kinds (knn, dnn) get no kernel slices or change layers
         t0 = time.perf_counter()
-        grid_ds = predict_grid(
-            model, grid, refs=refs if model.has_kernel else None, time=mapped,
-            change=change if model.has_kernel else None,
+        grid_ds = model.grid(
+            cfg.resolution, dataset.region, quarters, change_spec if model.has_kernel else None,
+            crs=cfg.map_crs, refs=refs if model.has_kernel else None,
             threshold=cfg.threshold if cfg.threshold is not None else DEFAULT,
             max_distance=cfg.max_distance, store=run.map_netcdf(kind), progress=cfg.progress,
         )
@@ -395,4 +387,4 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
     return DemoResult(final, dataset, models, table, refs, files, seconds)
 
 
-__all__ = ["DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "default_change", "evaluate_on_test", "run_demo"]
+__all__ = ["DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "evaluate_on_test", "run_demo"]

@@ -10,15 +10,14 @@ import pytest
 
 from geodbk.cli import main
 from geodbk.errors import TrainingError
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.models.config import TrainConfig
+from geodbk.fit.fitting import fit_dataset
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, pr_dataset):
     """A real knn model and dataset file, and files that are neither."""
     root = tmp_path_factory.mktemp("bad-input")
-    model = fit_dataset(pr_dataset, "knn", train_config=TrainConfig(epochs=1, progress=False, device="cpu"))
+    model = fit_dataset(pr_dataset, "knn", epochs=1, progress=False, device="cpu")
     model.save(root / "knn.pt")
     pr_dataset.save(root / "dataset.parquet")
     (root / "notes.pt").write_text("not a model\n" * 20)
@@ -111,7 +110,7 @@ def test_non_finite_training_loss_is_one_line(files, capsys, monkeypatch) -> Non
     def diverge(*args, **kwargs):
         raise TrainingError("training loss is nan at epoch 3:\nlower --lr or use --dtype float64")
 
-    monkeypatch.setattr(geodbk.fit.geomodel, "fit_dataset", diverge)
+    monkeypatch.setattr(geodbk.fit.fitting, "fit_dataset", diverge)
     assert_one_line_error(capsys, fit_args(files, "--models", "dbk-rbf"), "nan at epoch 3")
     assert not (files / "run").exists()  # nothing written for a failed fit
 

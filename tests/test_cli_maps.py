@@ -52,13 +52,10 @@ def test_predict_other_crs_with_refs(run_dir, tmp_path, capsys) -> None:
 
 def test_predict_at_bf16_is_the_python_bf16_prediction(run_dir, tmp_path) -> None:
     from geodbk.dataset.spatial_dataset import SpatialDataset
-    from geodbk.fit.geomodel import fit_dataset
-    from geodbk.fit.protocol import map_model_config
-    from geodbk.models.config import TrainConfig
+    from geodbk.fit.fitting import fit_dataset
 
     out, path = tmp_path / "bf16.nc", tmp_path / "dbk-rbf.pt"  # a kind with a deep backbone
-    fit_dataset(SpatialDataset.load(run_dir / "dataset.parquet"), "dbk-rbf", model_config=map_model_config(
-        hidden=16, rank=16), train_config=TrainConfig(epochs=1, progress=False, device="cpu")).save(path)
+    fit_dataset(SpatialDataset.load(run_dir / "dataset.parquet"), "dbk-rbf", hidden=16, rank=16, epochs=1, progress=False, device="cpu").save(path)
     assert main(["predict", "--model", str(path), "--resolution", "0.05", "--precision", "bf16", "--out", str(out),
                  "--no-progress"]) == 0
     ds = open_grid(out).load()

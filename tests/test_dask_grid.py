@@ -17,14 +17,12 @@ import xarray as xr
 from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.fit.protocol import map_model_config
+from geodbk.fit.fitting import fit_dataset
 from geodbk.maps import predict as predict_module
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.parallel import parse_scheduler
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.stores import ZarrRegions, open_grid
-from geodbk.models.config import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -37,8 +35,8 @@ def model():
     """A tiny space-time dbk-rbf on one Puerto Rico tile in ten of 2022Q4 and 2023Q4."""
     ds = load_sample_dataset("PR", quarters=QUARTERS)
     ds = dataclasses.replace(ds, frame=ds.frame.sample(frac=0.1, random_state=0))
-    return fit_dataset(ds, "dbk-rbf", model_config=map_model_config("space-time", hidden=8, rank=8),
-                       train_config=TrainConfig(epochs=1, batch_size=256, progress=False), local_residuals=False)
+    return fit_dataset(ds, "dbk-rbf", hidden=8, rank=8,
+                       epochs=1, batch_size=256, progress=False, local_residuals=False)
 
 
 @pytest.fixture(scope="module")

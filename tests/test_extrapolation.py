@@ -12,12 +12,10 @@ import pytest
 from geodbk.cli import main
 from geodbk.dataset.domain import FORECAST_QUARTERS, DomainReport
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.fit.protocol import map_model_config
+from geodbk.fit.fitting import fit_dataset
 from geodbk.ingest.regions import load_region
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
-from geodbk.models.config import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -25,8 +23,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture(scope="module")
 def pr_model(pr_dataset):
     """A tiny dbk-rbf fitted on Puerto Rico 2023Q4 (one epoch)."""
-    return fit_dataset(pr_dataset, "dbk-rbf", model_config=map_model_config(hidden=16, rank=16),
-                       train_config=TrainConfig(epochs=1, progress=False, device="cpu"))
+    return fit_dataset(pr_dataset, "dbk-rbf", hidden=16, rank=16,
+                       epochs=1, progress=False, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -131,5 +129,5 @@ def test_a_map_of_the_fitted_region_does_not_warn(pr_model, resolution) -> None:
     assert pr_model.domain_report(cells("HI"), ["2023Q4"]).n_outside == len(cells("HI"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", ExtrapolationWarning)
-        pr_model.grid(resolution, quarter="2023Q4", region=load_region("PR"), progress=False)
+        pr_model.grid(resolution, quarters="2023Q4", region=load_region("PR"), progress=False)
         predict_grid(pr_model, grid, time="2023Q4", progress=False)

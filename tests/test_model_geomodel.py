@@ -10,9 +10,8 @@ from geodbk.dataset.inputs import InputSpace
 from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import InputDataError
-from geodbk.fit.geomodel import GeoModel, fit_dataset
-from geodbk.fit.protocol import map_model_config
-from geodbk.models.config import TrainConfig
+from geodbk.fit.fitting import fit_dataset
+from geodbk.fit.geomodel import GeoModel
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +26,8 @@ def small_dataset():
 @pytest.fixture(scope="module")
 def geomodel(small_dataset):
     """The GP alone (the local residual field on top is tested in test_residuals.py)."""
-    return fit_dataset(small_dataset, "dbk-rbf", model_config=map_model_config("space-time", hidden=16, rank=16),
-                       train_config=TrainConfig(lr=1e-3, epochs=2, batch_size=256, progress=False), local_residuals=False)
+    return fit_dataset(small_dataset, "dbk-rbf", hidden=16, rank=16,
+                       lr=1e-3, epochs=2, batch_size=256, progress=False, local_residuals=False)
 
 
 def test_fit_dataset_uses_the_train_split_and_records_meta(small_dataset, geomodel):

@@ -324,13 +324,11 @@ def pr_two_quarters():
 
 @pytest.fixture(scope="module")
 def fitted(pr_two_quarters):
-    from geodbk.fit.geomodel import fit_dataset
-    from geodbk.fit.protocol import map_model_config
-    from geodbk.models.config import TrainConfig
+    from geodbk.fit.fitting import fit_dataset
 
     def fit(kind="dbk-rbf", **kw):
-        return fit_dataset(pr_two_quarters, kind, model_config=map_model_config(hidden=16, rank=16),
-                           train_config=TrainConfig(lr=1e-3, epochs=2, batch_size=256, progress=False), **kw)
+        return fit_dataset(pr_two_quarters, kind, hidden=16, rank=16,
+                           lr=1e-3, epochs=2, batch_size=256, progress=False, **kw)
 
     return fit
 
@@ -462,11 +460,12 @@ def test_area_condition_with_all_rows_is_the_exact_conditional_variance(small, m
     queries = np.concatenate([q_keys[:8], keys[:4]])  # training tiles, unseen tiles, near and far
     lonlat, when = quadkey_centres(queries), np.full(len(queries), 2023.875)
     groups, weights = np.array([0] * 6 + [1] * 6), np.linspace(0.5, 2.0, 12)
-    shift, area = field.area_condition(lonlat, when, weights, groups, 2)
+    shift, var, area = field.area_condition(lonlat, when, weights, groups, 2)
     C = dense_conditional_covariance(KERNEL, field.projection, (keys, years), noise_var, (queries, when))
     expected = [weights[groups == g] @ C[np.ix_(groups == g, groups == g)] @ weights[groups == g] for g in (0, 1)]
     np.testing.assert_allclose(area, expected, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(shift, field.condition(lonlat, when)[0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(var, np.diag(C), rtol=1e-10, atol=1e-15)
 
 
 def test_area_condition_is_exact_on_the_diagonal_and_fully_correlated_within_a_tile(small):
@@ -474,17 +473,17 @@ def test_area_condition_is_exact_on_the_diagonal_and_fully_correlated_within_a_t
     field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
     lonlat, when = quadkey_centres(keys[:3]), np.full(3, 2023.875)
     _, v = field.condition(lonlat, when)
-    _, one = field.area_condition(lonlat, when, np.ones(3), np.arange(3), 3)
+    _, _, one = field.area_condition(lonlat, when, np.ones(3), np.arange(3), 3)
     np.testing.assert_allclose(one, v, rtol=0, atol=1e-15)
     # two points in the same tile (its centre and a corner-ward point) are one tile: v
     west, south, east, north = quadkey_bounds(keys[:1])[0]
     same = np.array([lonlat[0], [west + 0.1 * (east - west), south + 0.1 * (north - south)]])
-    _, both = field.area_condition(same, when[:2], np.array([0.5, 0.5]), np.zeros(2, int), 1)
+    _, _, both = field.area_condition(same, when[:2], np.array([0.5, 0.5]), np.zeros(2, int), 1)
     assert both[0] == pytest.approx(v[0], rel=1e-12)
     # two far-apart tiles are independent: the variance of the average is (v1 + v2) / 4
     far = np.array([[-66.06, 18.45], [-66.5, 18.2]])
     _, v_far = field.condition(far, when[:2])
-    _, average = field.area_condition(far, when[:2], np.array([0.5, 0.5]), np.zeros(2, int), 1)
+    _, _, average = field.area_condition(far, when[:2], np.array([0.5, 0.5]), np.zeros(2, int), 1)
     assert average[0] == pytest.approx(0.25 * v_far.sum(), rel=1e-12)
 
 

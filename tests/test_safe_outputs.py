@@ -196,7 +196,7 @@ def test_fit_checks_its_output_before_training(knn_run, tmp_path, monkeypatch, c
     w = copy_run(knn_run, tmp_path)
     (w / "taken").write_text("a file where the run folder goes")
     trained: list[str] = []
-    monkeypatch.setattr(geodbk.fit.geomodel, "fit_dataset", lambda dataset, kind, **kw: trained.append(kind))
+    monkeypatch.setattr(geodbk.fit.fitting, "fit_dataset", lambda dataset, kind, **kw: trained.append(kind))
     assert main(fit_argv(w, out="taken")) == 2
     assert trained == [] and "is a file, not a run folder" in capsys.readouterr().err
 

@@ -21,7 +21,8 @@ from torch.distributions import MultivariateNormal
 from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import GeoModel, fit_dataset
+from geodbk.fit.fitting import fit_dataset
+from geodbk.fit.geomodel import GeoModel
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.dataset.inputs import InputSpace

@@ -22,8 +22,7 @@ import shapely
 from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import ExtrapolationWarning
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.fit.protocol import map_model_config
+from geodbk.fit.fitting import fit_dataset
 from geodbk.ingest.regions import load_region, read_polygons
 from geodbk.maps.cover import cell_centres, cover
 from geodbk.maps.geometry import RegularGrid
@@ -34,7 +33,6 @@ from geodbk.maps.summaries import (
     polygons_in_region,
     summarize_polygons,
 )
-from geodbk.models.config import TrainConfig
 from geodbk.paths import COUNTY_BOUNDARIES
 from geodbk.prediction import probability_below, to_data_units
 
@@ -48,8 +46,8 @@ def model():
     """A small float64 dbk-rbf with its local residual field, on a tenth of two PR quarters."""
     ds = load_sample_dataset("PR", quarters=QUARTERS)
     ds = dataclasses.replace(ds, frame=ds.frame.sample(frac=0.1, random_state=0))
-    return fit_dataset(ds, "dbk-rbf", model_config=map_model_config("space-time", hidden=8, rank=8, dtype="float64"),
-                       train_config=TrainConfig(epochs=2, batch_size=256, progress=False))
+    return fit_dataset(ds, "dbk-rbf", hidden=8, rank=8, dtype="float64",
+                       epochs=2, batch_size=256, progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -24,15 +24,14 @@ from scipy.stats import norm
 from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.fit.protocol import map_model_config
+from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.regressor import Regressor, build_model
 from geodbk.io.geotiff import write_geotiff
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.stores import open_grid
 from geodbk.maps.summaries import polygon_cells, summarize_polygons, write_summary
-from geodbk.models.config import ModelConfig, TrainConfig
+from geodbk.models.config import ModelConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -52,9 +51,8 @@ def dataset():
 @pytest.fixture(scope="module")
 def model(dataset):
     """dbk-rbf in float64 with its local residual field."""
-    config = map_model_config("space-time", hidden=16, rank=16, dtype="float64")
-    return fit_dataset(dataset, "dbk-rbf", model_config=config,
-                       train_config=TrainConfig(lr=1e-3, epochs=3, batch_size=256, progress=False))
+    return fit_dataset(dataset, "dbk-rbf", hidden=16, rank=16, dtype="float64",
+                       lr=1e-3, epochs=3, batch_size=256, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +167,7 @@ def test_posterior_factors_give_the_model_variance_and_a_consistent_covariance(k
 
 
 def test_kinds_without_a_joint_posterior_say_so(dataset):
-    knn = fit_dataset(dataset, "knn", train_config=TrainConfig(lr=1e-3, progress=False))
+    knn = fit_dataset(dataset, "knn", lr=1e-3, progress=False)
     with pytest.raises(InputDataError, match="not a GP"):
         knn.predict_change(points(dataset, 3), "2022Q4", "2023Q4")
     with pytest.raises(InputDataError, match="change maps need a space-time GP"):
@@ -333,7 +331,7 @@ def test_cli_time_errors_are_one_line_exit_2(model, tmp_path, capsys, extra, mes
 
 
 def test_cli_summarize_refuses_a_model_without_a_joint_posterior(dataset, polygons, tmp_path, capsys):
-    knn = fit_dataset(dataset, "knn", train_config=TrainConfig(lr=1e-3, progress=False))
+    knn = fit_dataset(dataset, "knn", lr=1e-3, progress=False)
     knn.save(tmp_path / "knn.pt")
     poly_file = tmp_path / "p.geojson"
     polygons.to_file(poly_file)

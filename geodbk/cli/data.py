@@ -222,10 +222,10 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     from pathlib import Path
 
     from geodbk.dataset.spatial_dataset import SpatialDataset
-    from geodbk.fit.geomodel import fit_dataset
+    from geodbk.fit.fitting import fit_dataset
     from geodbk.fit.metrics import format_metrics_table
-    from geodbk.fit.protocol import MIN_WAVELENGTH_M, map_model_config
-    from geodbk.models.config import check_model_size, run_preset
+    from geodbk.fit.protocol import MIN_WAVELENGTH_M, get_protocol
+    from geodbk.models.config import check_model_size
     from geodbk.workflow import RunFolder, evaluate_on_test
 
     def echo(text: str) -> None:
@@ -233,17 +233,14 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
             print(text)
 
     kinds = _kinds(args)
-    preset = run_preset("paper" if args.paper_size else "cpu")
-    size, train_config = preset.configs(
-        hidden=args.hidden, rank=args.rank, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        patience=args.patience, seed=args.seed, device=device, progress=not args.no_progress,
-    )
-    overrides: dict[str, Any] = {"hidden": size.hidden, "rank": size.rank}
-    if args.encoding_scales is not None:
-        overrides["encoding_scales"] = args.encoding_scales
-    if args.no_test_noise:
-        overrides["test_noise"] = False
-    model_config = map_model_config(args.protocol, dtype=args.dtype, **overrides)
+    preset = "paper" if args.paper_size else "cpu"
+    overrides: dict[str, Any] = {
+        "hidden": args.hidden, "rank": args.rank, "epochs": args.epochs, "batch_size": args.batch_size,
+        "lr": args.lr, "patience": args.patience, "seed": args.seed, "device": device,
+        "progress": not args.no_progress, "dtype": args.dtype, "encoding_scales": args.encoding_scales,
+        "test_noise": False if args.no_test_noise else None,
+    }
+    model_config = get_protocol(args.protocol).model_config(preset, **overrides)
     dataset = SpatialDataset.load(args.dataset)
     if args.split is not None:
         dataset = dataset.with_split(args.split, seed=args.seed, block_m=1000.0 * args.block_km)
@@ -258,8 +255,8 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     for kind in kinds:
         start = time.perf_counter()
         models[kind] = model = fit_dataset(
-            dataset, kind, protocol=args.protocol, model_config=model_config, train_config=train_config,
-            min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength,
+            dataset, kind, protocol=args.protocol, preset=preset,
+            min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength, **overrides,
         )
         if main:
             results[kind] = evaluate_on_test(model, dataset)

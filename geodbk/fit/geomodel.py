@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -27,19 +27,15 @@ from scipy.spatial import cKDTree
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
 from geodbk.dataset.domain import DomainReport, fitted_area
 from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time
-from geodbk.dataset.quarters import quarter_years
-from geodbk.dataset.spatial_dataset import SpatialDataset
+from geodbk.dataset.model_info import ModelInfo
+from geodbk.dataset.quarters import Quarter, quarter_years
 from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.fit.protocol import MIN_WAVELENGTH_M, map_model_config, with_encoding_wavelength
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
-from geodbk.fit.train import fit_arrays
 from geodbk.ingest.quadkey import OOKLA_ZOOM
 from geodbk.ingest.regions import Region
-from geodbk.maps.geometry import RegionLike
-from geodbk.maps.predict import predict_region
-from geodbk.models.config import ModelConfig, TrainConfig
-from geodbk.models.zoo import get_model_spec
+from geodbk.maps.geometry import RegionLike, RegularGrid, area_sample
+from geodbk.maps.predict import predict_grid
 from geodbk.prediction import ChangePrediction, Prediction
 
 _FORMAT = "geodbk.fit.geomodel/2"
@@ -61,8 +57,8 @@ class GeoModel:
     Attributes:
         regressor: the fitted model on the input space's coordinates.
         inputs: lon/lat (+ quarter) -> model inputs, and the fitted domain.
-        meta: JSON-able facts: target, units, region (its name; ``region_wkb_hex`` its
-            polygon, see :meth:`fitted_region`), kind, quarters, protocol, split.
+        info: what the model was fitted on: kind, target, units, region (its name and polygon,
+            see :meth:`fitted_region`), quarters, protocol, split.
         support: (m, 2) lon/lat degrees of the distinct training tiles (for
             :meth:`distance_to_data`), or ``None``.
         residuals: the local residual field added to the regressor's predictions, or ``None``.
@@ -70,7 +66,7 @@ class GeoModel:
 
     regressor: Regressor
     inputs: InputSpace
-    meta: dict[str, Any] = field(default_factory=dict)
+    info: ModelInfo
     support: np.ndarray | None = None
     residuals: ResidualField | None = None
     _support_index: Any = field(default=None, init=False, repr=False, compare=False)
@@ -78,6 +74,11 @@ class GeoModel:
     @property
     def kind(self) -> str:
         return self.regressor.kind
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """``info`` as the mapping stored in model files."""
+        return self.info.to_dict()
 
     @property
     def has_kernel(self) -> bool:
@@ -93,9 +94,9 @@ class GeoModel:
         """How far ``lonlat`` (n, 2) degrees (e.g. a sample of a map's cells) at each quarter of
         ``times`` (as in :meth:`features`; None = the latest fitted) leave the fitted domain
         (:meth:`InputSpace.domain`, named after this model). Quarters are ignored by a time-free model."""
-        area = fitted_area(self.meta.get("region_wkb_hex"))  # inside the fitted region is not extrapolation
+        area = fitted_area(self.info.region_wkb_hex)  # inside the fitted region is not extrapolation
         report = self.inputs.domain(_lonlat(lonlat, "lonlat"), times, region=area)
-        return replace(report, kind=self.kind, region=self.meta.get("region"))
+        return replace(report, kind=self.kind, region=self.info.region)
 
     def features(self, lonlat: np.ndarray, time: TimeLike = None, *, name: str = "lonlat") -> np.ndarray:
         """Model inputs (n, d) for ``lonlat`` (n, 2) degrees at ``time``; warns when extrapolating.
@@ -105,7 +106,7 @@ class GeoModel:
         """
         lonlat = _lonlat(lonlat, name)
         X = self.inputs.features(lonlat, time)
-        area = fitted_area(self.meta.get("region_wkb_hex"))  # inside the fitted region is not extrapolation
+        area = fitted_area(self.info.region_wkb_hex)  # inside the fitted region is not extrapolation
         problem = self.inputs.extrapolation(lonlat, time, xy=X[:, :2], region=area)  # xy: not projected again
         if problem is not None:
             warnings.warn(f"{self.kind}: {problem}", ExtrapolationWarning, stacklevel=3)
@@ -132,18 +133,26 @@ class GeoModel:
         years = self._years(time, len(lonlat))
         return self._with_residuals(prediction, *self.residuals.condition(lonlat, years), years)
 
+    def _combine(
+        self, gp_var: np.ndarray, local_var: np.ndarray | float, factor: np.ndarray | float = 1.0,
+        test_noise: np.ndarray | float = 0.0,
+    ) -> np.ndarray:
+        """The map model's (co)variance, the one rule: F (s var_GP + local var + s_t test noise),
+        F the forecast horizon's factor (:meth:`~geodbk.fit.residuals.ResidualField.horizon_factor`)
+        and s, s_t the residual kernel's scales (the local field's mean shift adds to mu_GP)."""
+        assert self.residuals is not None  # only called with a residual field
+        return factor * self.residuals.kernel.combine(gp_var, local_var, test_noise)
+
     def _with_residuals(
         self, prediction: Prediction, shift: np.ndarray, var: np.ndarray, years: np.ndarray
     ) -> Prediction:
         """The GP's prediction plus the local field's kriged residual ``shift`` and its conditional
-        ``var`` at times ``years``: mean + shift, sd^2 -> F(t) (s sd^2 + var), measurement_sd^2 ->
-        F(t) (s sd^2 + s_t (measurement_sd^2 - sd^2) + var), F the forecast horizon's factor
-        (:meth:`~geodbk.fit.residuals.ResidualField.horizon_factor`)."""
+        ``var`` at times ``years`` (:meth:`_combine`; a measurement adds the test-count noise)."""
         assert self.residuals is not None  # only called with a residual field
-        kernel, factor, tile_var = self.residuals.kernel, self.residuals.horizon_factor(years), prediction.sd**2
+        factor, tile_var = self.residuals.horizon_factor(years), prediction.sd**2
         measurement_sd = None if prediction.measurement_sd is None else np.sqrt(
-            factor * kernel.combine(tile_var, var, prediction.measurement_sd**2 - tile_var))
-        return Prediction(prediction.mean + shift, np.sqrt(factor * kernel.combine(tile_var, var)), measurement_sd)
+            self._combine(tile_var, var, factor, prediction.measurement_sd**2 - tile_var))
+        return Prediction(prediction.mean + shift, np.sqrt(self._combine(tile_var, var, factor)), measurement_sd)
 
     def predict_series(
         self, lonlat: np.ndarray, times: Sequence[TimeLike], *, batch_size: int = 65536
@@ -190,9 +199,8 @@ class GeoModel:
         if self.residuals is not None:
             years_from = self._years(time_from, len(lonlat))
             years_to = self._years(time_to, len(lonlat))
-            kernel = self.residuals.kernel
-            var = kernel.combine(var, self.residuals.change_variance(lonlat, years_from, years_to))
-            nugget_from, nugget_to = kernel.variance_scale * nugget_from, kernel.variance_scale * nugget_to
+            var = self._combine(var, self.residuals.change_variance(lonlat, years_from, years_to))
+            nugget_from, nugget_to = self._combine(nugget_from, 0.0), self._combine(nugget_to, 0.0)
             factor_from, factor_to = self.residuals.horizon_factor(years_from), self.residuals.horizon_factor(years_to)
         v_from = np.maximum(before.sd**2 / factor_from - nugget_from, 0.0)
         v_to = np.maximum(after.sd**2 / factor_to - nugget_to, 0.0)
@@ -202,6 +210,18 @@ class GeoModel:
         return ChangePrediction(change, np.sqrt(np.maximum(var, 0.0)), before.mean, after.mean,
                                 np.sqrt(factor_from * v_from), np.sqrt(factor_to * v_to))
 
+    @overload
+    def predict_areas(
+        self, lonlat: np.ndarray, groups: np.ndarray, n_groups: int | None = None, time: TimeLike = None, *,
+        weights: np.ndarray | None = None, return_cells: Literal[False] = False,
+    ) -> Prediction: ...
+
+    @overload
+    def predict_areas(
+        self, lonlat: np.ndarray, groups: np.ndarray, n_groups: int | None = None, time: TimeLike = None, *,
+        weights: np.ndarray | None = None, return_cells: Literal[True],
+    ) -> tuple[Prediction, Prediction]: ...
+
     def predict_areas(
         self,
         lonlat: np.ndarray,
@@ -210,9 +230,12 @@ class GeoModel:
         time: TimeLike = None,
         *,
         weights: np.ndarray | None = None,
-    ) -> Prediction:
+        return_cells: bool = False,
+    ) -> Prediction | tuple[Prediction, Prediction]:
         """Averages of the tile-mean log10 value over groups of points (e.g. the grid cells in
-        each polygon), with their joint-posterior sd: ``Prediction`` of shape (n_groups,).
+        each polygon), with their joint-posterior sd: ``Prediction`` of shape (n_groups,), and
+        with ``return_cells`` also the points' own tile-mean predictions, (n,), as
+        :meth:`predict` gives them (from the same pass: a summary predicts each cell once).
 
         Args:
             lonlat: (n, 2) degrees.
@@ -239,19 +262,19 @@ class GeoModel:
         totals = np.bincount(groups, weights=w, minlength=n_groups)
         w = w / np.where(totals > 0, totals, 1.0)[groups]
         X = self.features(lonlat, time)
-        gp = self.regressor.predict(X)
-        mean = gp.mean
+        cells = self.regressor.predict(X)
         var = self.regressor.weighted_sum_variance(X, w, groups, n_groups)
         var += np.bincount(groups, weights=w**2 * self.regressor.tile_noise_variance(X), minlength=n_groups)
         if self.residuals is not None:
             years = self._years(time, len(lonlat))
-            shift, local = self.residuals.area_condition(lonlat, years, w, groups, n_groups)
-            mean, var = mean + shift, self.residuals.kernel.combine(var, local)
-            if len(years):  # one quarter: the forecast factor is the same for every point
-                var = var * float(self.residuals.horizon_factor(years[0]))
+            shift, cell_var, local = self.residuals.area_condition(lonlat, years, w, groups, n_groups)
+            cells = self._with_residuals(cells, shift, cell_var, years)
+            # one quarter: the forecast factor is the same for every point
+            var = self._combine(var, local, self.residuals.horizon_factor(years[0]) if len(years) else 1.0)
         empty = totals <= 0
-        area_mean = np.where(empty, np.nan, np.bincount(groups, weights=w * mean, minlength=n_groups))
-        return Prediction(area_mean, np.where(empty, np.nan, np.sqrt(var)))
+        area_mean = np.where(empty, np.nan, np.bincount(groups, weights=w * cells.mean, minlength=n_groups))
+        areas = Prediction(area_mean, np.where(empty, np.nan, np.sqrt(var)))
+        return (areas, cells) if return_cells else areas
 
     def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | float | None = None) -> np.ndarray:
         """Prior kernel k((x, t), (x_ref, t)), (n, k), in (log10 units)^2, all at one quarter ``time``.
@@ -301,45 +324,101 @@ class GeoModel:
     def fitted_region(self) -> Region:
         """The lon/lat region the model was fitted on, the default of :meth:`grid`.
 
-        The dataset's region polygon, stored at fit time in ``meta["region_wkb_hex"]``; for a
-        model file written before that, the bounding box of the training tile centres grown
+        The dataset's region polygon, stored at fit time in ``info``; for a model file written
+        before that, the bounding box of the training tile centres grown
         by half a zoom-16 tile (an antimeridian-crossing region then gets a box around the world).
 
         Raises:
             InputDataError: for a model saved with neither (give :meth:`grid` a region).
         """
-        name = str(self.meta.get("region", "fitted region"))
-        if "region_wkb_hex" in self.meta:
-            return Region(name, shapely.from_wkb(self.meta["region_wkb_hex"]))
+        if self.info.fitted_region is not None:
+            return self.info.fitted_region
         if self.support is None or len(self.support) == 0:
             raise InputDataError(f"the {self.kind} model was saved without its region or training tiles; give a region")
         half_tile = 180.0 / 2**OOKLA_ZOOM  # degrees of longitude
         west, south = self.support.min(axis=0) - half_tile
         east, north = self.support.max(axis=0) + half_tile
-        return Region(name, shapely.box(west, south, east, north))
+        return Region(self.info.region, shapely.box(west, south, east, north))
+
+    def map_time(self, quarters: str | Sequence[str] = "latest") -> str | list[str] | None:
+        """The quarters a map shows: ``"latest"`` (the latest fitted quarter, a 2-D map; ``None``
+        for a time-free model), ``"all"`` (every fitted quarter along a ``time`` dimension), one
+        quarter (``"2023Q4"``, 2-D) or a list of quarters (a ``time`` dimension)."""
+        if isinstance(quarters, str) and quarters.strip().lower() in ("latest", "all"):
+            if quarters.strip().lower() == "latest" or not self.info.quarters:
+                return self.latest_quarter
+            return list(self.info.quarters)
+        if isinstance(quarters, str):
+            return str(Quarter.parse(quarters))
+        labels = [str(q) for q in Quarter.parse_list(quarters)]
+        if not labels:
+            raise InputDataError(f"no quarter to map (the model has {', '.join(self.info.quarters) or 'none'})")
+        return labels
+
+    def change_span(self, change: str | tuple[str, str] | None) -> tuple[str, str] | None:
+        """The ``(from, to)`` quarters of a change map: ``"last-year"`` is the year to the latest
+        fitted quarter (from the first fitted quarter when fewer than five are fitted); a pair or
+        ``"2022Q4:2023Q4"`` as given; ``None`` for no change map."""
+        if change is None:
+            return None
+        if isinstance(change, str) and change.strip().lower() == "last-year":
+            if len(self.info.quarters) < 2:
+                raise InputDataError(f"a change map needs two fitted quarters; the {self.kind} model has "
+                                     f"{len(self.info.quarters)}")
+            first, latest = Quarter.parse(self.info.quarters[0]), Quarter.parse(self.info.quarters[-1])
+            return str(max(latest.shift(-4), first)), str(latest)
+        start, end = Quarter.parse_span(change) if isinstance(change, str) else map(Quarter.parse, change)
+        return str(start), str(end)
+
+    def check_domain(
+        self, geometry: shapely.Geometry, quarters: str | Sequence[str] = "latest",
+        change: str | tuple[str, str] | None = None,
+    ) -> None:
+        """Refuse to map an area (lon/lat shapely geometry) mostly outside the fitted extent, or
+        quarters beyond the forecast allowance (:meth:`~geodbk.dataset.domain.DomainReport.problem`).
+
+        Raises:
+            InputDataError: naming the problem.
+        """
+        shown = self.map_time(quarters)
+        asked = [shown] if shown is None or isinstance(shown, str) else list(shown)
+        problem = self.domain_report(area_sample(geometry), [*asked, *(self.change_span(change) or ())]).problem()
+        if problem is not None:
+            raise InputDataError(problem)
 
     def grid(
         self,
         resolution: float | str,
         region: RegionLike | None = None,
-        quarter: str | Sequence[str] | None = None,
+        quarters: str | Sequence[str] = "latest",
+        change: str | tuple[str, str] | None = None,
         *,
         crs: str | int | pyproj.CRS | None = None,
+        allow_extrapolation: bool = True,
         **kwargs: Any,
     ) -> xr.Dataset:
         """Map the model on a regular grid, by default over its :meth:`fitted_region` (verde's ``grid``).
 
-        ``resolution``: cell side in the grid CRS units (degrees by default), or ``"500m"``,
-        ``"2km"``, ``"0.01deg"``. ``region``: a Region, lon/lat ``(west, south, east, north)``
-        bbox or lon/lat shapely geometry; cells outside it are NaN. ``quarter``: ``"2023Q4"``
-        (default the latest fitted), or a list of quarters for a ``time`` dimension. ``crs``:
-        default EPSG:4326, or the region's UTM zone for a resolution in metres. ``kwargs`` go to
-        :func:`geodbk.maps.predict.predict_grid` (``refs``, ``change``, ``threshold``,
-        ``max_distance``, ``chunk_rows``, ``store``, ``progress``), whose dataset is returned:
-        float32 layers of dims ``(y, x)`` or ``(time, y, x)``, CRS in ``spatial_ref``.
+        Args:
+            resolution: cell side in the grid CRS units (degrees by default), or ``"500m"``,
+                ``"2km"``, ``"0.01deg"``.
+            region: a Region, lon/lat ``(west, south, east, north)`` bbox or lon/lat shapely
+                geometry; cells outside it are NaN. Default the fitted region.
+            quarters: as in :meth:`map_time`: ``"latest"``, ``"all"``, a quarter or a list.
+            change: as in :meth:`change_span`: ``None``, ``"last-year"``, ``(from, to)``.
+            crs: default EPSG:4326, or the region's UTM zone for a resolution in metres.
+            allow_extrapolation: ``False`` refuses an area or quarter outside the fitted domain
+                (:meth:`check_domain`) before predicting; ``True`` predicts, with a warning.
+            kwargs: go to :func:`geodbk.maps.predict.predict_grid` (``refs``, ``threshold``,
+                ``max_distance``, ``chunk_rows``, ``store``, ``progress``, ``client``).
+
+        Returns:
+            float32 layers of dims ``(y, x)`` or ``(time, y, x)``, CRS in ``spatial_ref``.
         """
-        target = self.fitted_region() if region is None else region
-        return predict_region(self, target, resolution, crs=crs, time=quarter, **kwargs)
+        grid = RegularGrid.over(self.fitted_region() if region is None else region, resolution, crs=crs)
+        if not allow_extrapolation:
+            self.check_domain(grid.geometry, quarters, change)
+        return predict_grid(self, grid, time=self.map_time(quarters), change=self.change_span(change), **kwargs)
 
     def save(self, path: str | Path) -> None:
         """Write the model, input space, meta and training tile locations to one torch file."""
@@ -347,7 +426,7 @@ class GeoModel:
             "format": _FORMAT,
             "regressor": self.regressor.to_payload(),
             "inputs": self.inputs.to_dict(),
-            "meta": self.meta,
+            "meta": self.info.to_dict(),
             "support": None if self.support is None else torch.tensor(np.array(self.support), dtype=torch.float64),
             "residuals": None if self.residuals is None else self.residuals.to_payload(),
         }
@@ -368,83 +447,7 @@ class GeoModel:
         return cls(
             regressor=Regressor.from_payload(payload["regressor"], device),
             inputs=inputs,
-            meta=payload["meta"],
+            info=ModelInfo.from_dict({"kind": payload["regressor"]["kind"], **payload["meta"]}),
             support=None if support is None else support.cpu().numpy(),
             residuals=None if residuals is None else ResidualField.from_payload(residuals),
         )
-
-
-def fit_dataset(
-    dataset: SpatialDataset,
-    kind: str = "dbk-rbf",
-    *,
-    protocol: str = "space-time",
-    model_config: ModelConfig | None = None,
-    train_config: TrainConfig | None = None,
-    min_wavelength_m: float = MIN_WAVELENGTH_M,
-    local_residuals: bool = True,
-    conjugate_posterior: bool = True,
-) -> GeoModel:
-    """Fit ``kind`` on the dataset's train split, selecting on its val split.
-
-    Args:
-        dataset: the tiles.
-        kind: a model-zoo name.
-        protocol: ``"space-time"`` (projected data-scaled coordinates + time, test-count
-            noise, positional encoding) or ``"paper"`` (region-box coordinates only).
-        model_config: architecture; default :func:`map_model_config` of the protocol.
-        train_config: optimisation; default :class:`TrainConfig()`.
-        min_wavelength_m: shortest positional-encoding wavelength in metres (space-time
-            protocol with an encoding); converted to the data's input units.
-        local_residuals: for GP kinds under the space-time protocol, add a
-            :class:`~geodbk.fit.residuals.ResidualField` fitted to the training residuals, with
-            its hyperparameters chosen on the validation rows.
-        conjugate_posterior: under the space-time protocol, for kinds whose
-            :class:`~geodbk.models.zoo.ModelSpec` asks for it (dbk-rbf, dbk-silu), replace the
-            trained q(w), noise and constant mean by the conjugate posterior given the learned
-            basis (:meth:`Regressor.refit_posterior`) before the residual field is fitted, so
-            that the covariance behind area, change and exceedance products is a posterior.
-    """
-    inputs = InputSpace.for_dataset(dataset, protocol)
-    config = model_config or map_model_config(protocol)
-    config = with_encoding_wavelength(config, inputs, min_wavelength_m)
-
-    def rows(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        part = dataset.subset(split)
-        lonlat, years = part[["lon", "lat"]].to_numpy(np.float64), quarter_years(part["year"], part["quarter"])
-        y, tests = part["y"].to_numpy(np.float64), part["tests"].to_numpy(np.float64)
-        return inputs.features(lonlat, years), y, tests, lonlat, years
-
-    X, y, tests, lonlat, years = rows("train")
-    X_val, y_val, tests_val, lonlat_val, years_val = rows("val")
-    regressor = fit_arrays(
-        kind, X, y, X_val, y_val, tests=tests, tests_val=tests_val, model_config=config, train_config=train_config
-    )
-    refit = conjugate_posterior and protocol == "space-time" and get_model_spec(kind).conjugate_posterior
-    if refit:
-        regressor.refit_posterior(X, y, tests, dataset.subset("train")["quadkey"].to_numpy())
-    residuals = None
-    if local_residuals and protocol == "space-time" and regressor.has_kernel:
-        train_pred, val_pred = regressor.predict(X, tests=tests), regressor.predict(X_val, tests=tests_val)
-        residuals = ResidualField.fit(
-            lonlat, years, y - train_pred.mean, train_pred.sd**2,
-            lonlat_val, years_val, y_val - val_pred.mean, val_pred.sd**2,
-            train_test_var=train_pred.measurement().sd**2 - train_pred.sd**2,
-            val_test_var=val_pred.measurement().sd**2 - val_pred.sd**2,
-        )
-    meta = {
-        "kind": kind,
-        "target": dataset.target,
-        "units": dataset.units,
-        "service": str(dataset.frame["service"].iloc[0]) if len(dataset.frame) else "mobile",
-        "region": dataset.region.name,
-        "region_wkb_hex": shapely.to_wkb(dataset.region.geometry, hex=True),
-        "quarters": dataset.quarters,
-        "protocol": protocol,
-        "split": dataset.split_protocol,
-        "n_train": int(len(y)),
-        "local_residuals": residuals is not None,
-        "posterior": "conjugate" if refit else "trained",
-    }
-    support = dataset.subset("train").drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
-    return GeoModel(regressor, inputs, meta, support, residuals)

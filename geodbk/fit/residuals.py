@@ -250,9 +250,10 @@ class ResidualField:
 
     def area_condition(
         self, lonlat: np.ndarray, years: np.ndarray, weights: np.ndarray, groups: np.ndarray, n_groups: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Kriged residuals (n,) at ``lonlat`` (n, 2) degrees and ``years`` (n,), and the conditional
-        variance of sum_{i in g} w_i r_i for each group g, (n_groups,).
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Kriged residuals (n,) and their conditional variances (n,) at ``lonlat`` (n, 2) degrees
+        and ``years`` (n,) (as :meth:`condition` gives them), and the conditional variance of
+        sum_{i in g} w_i r_i for each group g, (n_groups,).
 
         Each point is conditioned on its own m neighbours, as in :meth:`condition`. The
         conditional covariance of two points i, j is taken from i's neighbourhood,
@@ -289,7 +290,7 @@ class ResidualField:
                                             + self._explained(j, i, xy, years, index, kriging))
                 bound = np.sqrt(var[i] * var[j])
                 out[g] += 2.0 * float((w[i] * w[j] * np.clip(covariance, -bound, bound)).sum())
-        return shift, out
+        return shift, var, out
 
     def _explained(
         self, i: np.ndarray, j: np.ndarray, xy: np.ndarray, years: np.ndarray, index: np.ndarray, kriging: np.ndarray

@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 #: Cells predicted per block when ``chunk_rows`` is not given.
 DEFAULT_CELLS_PER_CHUNK = 1 << 18
+#: Points per side of the lattice that samples an area for a domain check (:func:`area_sample`).
+DOMAIN_SAMPLE_SIDE = 64
 
 WGS84 = pyproj.CRS.from_epsg(4326)
 
@@ -246,3 +248,15 @@ class CellLocator:
         if self.to_lonlat is not None:
             px, py = self.to_lonlat.transform(px, py)
         return np.column_stack([px, py]).astype(np.float64, copy=False), inside
+
+
+def area_sample(geometry: BaseGeometry, side: int = DOMAIN_SAMPLE_SIDE) -> np.ndarray:
+    """(m, 2) lon/lat degrees of the centres of a ``side`` x ``side`` lattice over ``geometry``
+    (a lon/lat shapely geometry) that fall inside it; its representative point if none do."""
+    west, south, east, north = geometry.bounds
+    step = max(east - west, north - south) / side
+    cells = RegularGrid.over(geometry, step, crs=4326).cells_inside() if step > 0 else np.empty((0, 2))
+    if len(cells) == 0:
+        point = geometry.representative_point()
+        cells = np.array([[point.x, point.y]])
+    return cells

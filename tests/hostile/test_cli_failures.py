@@ -18,8 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from geodbk.cli import main
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.models.config import TrainConfig
+from geodbk.fit.fitting import fit_dataset
 
 COARSE = ("--resolution", "0.1", "--no-progress")
 
@@ -27,7 +26,7 @@ COARSE = ("--resolution", "0.1", "--no-progress")
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, pr_dataset) -> Path:
     root = tmp_path_factory.mktemp("hostile-failures")
-    model = fit_dataset(pr_dataset, "knn", train_config=TrainConfig(epochs=1, progress=False, device="cpu"))
+    model = fit_dataset(pr_dataset, "knn", epochs=1, progress=False, device="cpu")
     model.save(root / "knn.pt")
     pr_dataset.save(root / "dataset.parquet")
     assert main(["predict", "--model", str(root / "knn.pt"), "--out", str(root / "grid.nc"), *COARSE]) == 0

@@ -32,10 +32,9 @@ from hypothesis import strategies as st
 from geodbk import paths
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import InputDataError
-from geodbk.fit.geomodel import fit_dataset
+from geodbk.fit.fitting import fit_dataset
 from geodbk.ingest.ookla import MAX_LATENCY_MS, MAX_SPEED_KBPS, as_tiles, current_quarter
 from geodbk.ingest.regions import load_region
-from geodbk.models.config import TrainConfig
 
 #: Raw Ookla columns written to the tile files.
 RAW = ["quadkey", "year", "quarter", "service", "avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices"]
@@ -363,7 +362,7 @@ POLYGONS = {
 @pytest.fixture(scope="module")
 def knn_model(tmp_path_factory, pr_dataset) -> Path:
     path = tmp_path_factory.mktemp("knn") / "knn.pt"
-    fit_dataset(pr_dataset, "knn", train_config=TrainConfig(epochs=1, progress=False, device="cpu")).save(path)
+    fit_dataset(pr_dataset, "knn", epochs=1, progress=False, device="cpu").save(path)
     return path
 
 

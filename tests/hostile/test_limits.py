@@ -18,15 +18,13 @@ import pytest
 import torch
 
 from geodbk.errors import ResourceLimitError
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.fit.protocol import map_model_config
+from geodbk.fit.fitting import fit_dataset
 from geodbk.ingest.regions import load_region
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.schema import GRID_VALUE_BUDGET, check_grid_size, grid_size_limit
 from geodbk.models.config import (
     MAX_MODEL_BYTES,
     ModelConfig,
-    TrainConfig,
     check_model_size,
     parameter_count,
     weight_bytes,
@@ -70,14 +68,10 @@ def root(tmp_path_factory, pr_dataset) -> Path:
     """A knn, a small dnn and a small sv-rbf model of Puerto Rico 2023Q4, their dataset and region
     polygon, and tampered copies of the dnn."""
     root = tmp_path_factory.mktemp("hostile-limits")
-    train = TrainConfig(epochs=1, progress=False, device="cpu")
-    fit_dataset(pr_dataset, "knn", train_config=train).save(root / "knn.pt")
-    fit_dataset(pr_dataset, "dnn", model_config=map_model_config(hidden=16, rank=16), train_config=train).save(
-        root / "dnn.pt"
-    )
-    fit_dataset(pr_dataset, "sv-rbf", model_config=map_model_config(hidden=16, rank=16), train_config=train).save(
-        root / "sv.pt"
-    )
+    train = {"epochs": 1, "progress": False, "device": "cpu"}
+    fit_dataset(pr_dataset, "knn", **train).save(root / "knn.pt")
+    fit_dataset(pr_dataset, "dnn", hidden=16, rank=16, **train).save(root / "dnn.pt")
+    fit_dataset(pr_dataset, "sv-rbf", hidden=16, rank=16, **train).save(root / "sv.pt")
     pr_dataset.save(root / "dataset.parquet")
     region = load_region("PR")
     gpd.GeoDataFrame({"name": ["PR"]}, geometry=[region.geometry], crs=4326).to_file(

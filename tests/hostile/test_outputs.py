@@ -19,8 +19,7 @@ import pytest
 
 from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import load_sample_dataset
-from geodbk.fit.geomodel import fit_dataset
-from geodbk.models.config import TrainConfig
+from geodbk.fit.fitting import fit_dataset
 from geodbk.workflow import RunFolder
 
 COARSE = ("--resolution", "0.1", "--no-progress")
@@ -29,7 +28,7 @@ COARSE = ("--resolution", "0.1", "--no-progress")
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, pr_dataset) -> Path:
     root = tmp_path_factory.mktemp("hostile-outputs")
-    model = fit_dataset(pr_dataset, "knn", train_config=TrainConfig(epochs=1, progress=False, device="cpu"))
+    model = fit_dataset(pr_dataset, "knn", epochs=1, progress=False, device="cpu")
     model.save(root / "knn.pt")
     pr_dataset.save(root / "dataset.parquet")
     load_sample_dataset("HI", quarters=["2023Q4"]).save(root / "hawaii.parquet")

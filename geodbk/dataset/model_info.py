@@ -1,0 +1,103 @@
+"""What a fitted model was fitted on, as a typed value: :class:`ModelInfo`.
+
+A model file stores these facts as a plain mapping (the ``meta`` entry of its payload, and the
+``model_*`` attributes of its grids). :meth:`ModelInfo.from_dict` is the one reader of that
+mapping: the defaults for facts that older files lack are decided here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import shapely
+from shapely.geometry.base import BaseGeometry
+
+from geodbk.errors import InputDataError
+from geodbk.ingest.regions import Region
+
+#: Name of the region of a model file that stored none.
+UNNAMED_REGION = "fitted region"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The facts of a fitted model that maps, summaries and the dashboard read.
+
+    Attributes:
+        kind: model-zoo name, e.g. ``"dbk-rbf"``.
+        target: ``"download"``, ``"upload"`` or ``"latency"``.
+        units: the target's units, ``"Mbps"`` or ``"ms"``.
+        service: ``"mobile"`` or ``"fixed"``.
+        region: the fitted region's name.
+        region_wkb_hex: the fitted region's lon/lat polygon as hex WKB (``None`` for model files
+            written before it was stored).
+        quarters: the fitted quarters, oldest first (``"2023Q4"`` labels; empty for a time-free
+            dataset).
+        protocol: the input protocol, ``"space-time"`` or ``"paper"``.
+        split: how the dataset's rows were split (``"random"``, ``"spatial-block"``, ``"forecast"``).
+        n_train: training rows.
+        local_residuals: whether a local residual field is part of the model.
+        posterior: ``"conjugate"`` (q(w) replaced by the posterior given the learned basis) or
+            ``"trained"``.
+    """
+
+    kind: str
+    target: str = "download"
+    units: str = "Mbps"
+    service: str = "mobile"
+    region: str = UNNAMED_REGION
+    region_wkb_hex: str | None = None
+    quarters: tuple[str, ...] = ()
+    protocol: str = "space-time"
+    split: str = "random"
+    n_train: int = 0
+    local_residuals: bool = False
+    posterior: str = "trained"
+
+    @property
+    def region_geometry(self) -> BaseGeometry | None:
+        """The fitted region's lon/lat geometry, or ``None`` when the file stored none."""
+        return None if self.region_wkb_hex is None else shapely.from_wkb(self.region_wkb_hex)
+
+    @property
+    def fitted_region(self) -> Region | None:
+        """The fitted region as a :class:`~geodbk.ingest.regions.Region`, or ``None``."""
+        geometry = self.region_geometry
+        return None if geometry is None else Region(self.region, geometry)
+
+    @property
+    def latest_quarter(self) -> str | None:
+        """The last fitted quarter, or ``None`` for a time-free dataset."""
+        return self.quarters[-1] if self.quarters else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able mapping stored in model files (``quarters`` as a list)."""
+        out = asdict(self)
+        out["quarters"] = list(self.quarters)
+        return out
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, Any]) -> ModelInfo:
+        """Read the mapping of a model file of any version; missing facts take the defaults above.
+
+        Raises:
+            InputDataError: without a ``kind``.
+        """
+        if not mapping.get("kind"):
+            raise InputDataError("the model facts name no model kind")
+
+        def given(name: str) -> Any:
+            value = mapping.get(name)
+            return getattr(cls, name) if value is None else value
+
+        wkb = mapping.get("region_wkb_hex")
+        return cls(
+            kind=str(mapping["kind"]), target=str(given("target")), units=str(given("units")),
+            service=str(given("service")), region=str(given("region")),
+            region_wkb_hex=None if wkb is None else str(wkb),
+            quarters=tuple(str(q) for q in mapping.get("quarters") or ()), protocol=str(given("protocol")),
+            split=str(given("split")), n_train=int(given("n_train")),
+            local_residuals=bool(given("local_residuals")), posterior=str(given("posterior")),
+        )

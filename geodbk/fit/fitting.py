@@ -1,0 +1,103 @@
+"""Fit a model zoo kind on a dataset: :func:`fit_dataset` -> :class:`~geodbk.fit.geomodel.GeoModel`.
+
+The one place where a fit's settings are assembled: the protocol's defaults
+(:class:`~geodbk.fit.protocol.Protocol`), then the preset's size and schedule, then the
+caller's overrides. The CLI, the demo and the benchmarks pass their options through here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import shapely
+
+from geodbk.dataset.model_info import ModelInfo
+from geodbk.dataset.quarters import quarter_years
+from geodbk.dataset.spatial_dataset import SpatialDataset
+from geodbk.fit.geomodel import GeoModel
+from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol, with_encoding_wavelength
+from geodbk.fit.residuals import ResidualField
+from geodbk.fit.train import fit_arrays
+from geodbk.models.zoo import get_model_spec
+
+
+def fit_dataset(
+    dataset: SpatialDataset,
+    kind: str = "dbk-rbf",
+    *,
+    protocol: str | Protocol = "space-time",
+    preset: str = "cpu",
+    min_wavelength_m: float = MIN_WAVELENGTH_M,
+    local_residuals: bool = True,
+    conjugate_posterior: bool = True,
+    **overrides: Any,
+) -> GeoModel:
+    """Fit ``kind`` on the dataset's train split, selecting on its val split.
+
+    Args:
+        dataset: the tiles.
+        kind: a model-zoo name.
+        protocol: ``"space-time"`` (projected data-scaled coordinates + time, test-count
+            noise, positional encoding, local residual field, conjugate posterior) or
+            ``"paper"`` (region-box coordinates only); see :mod:`geodbk.fit.protocol`.
+        preset: size and schedule, ``"cpu"`` (the default) or ``"paper"``.
+        min_wavelength_m: shortest positional-encoding wavelength in metres (protocols with an
+            encoding); converted to the data's input units.
+        local_residuals: for GP kinds, add a :class:`~geodbk.fit.residuals.ResidualField`
+            fitted to the training residuals (hyperparameters chosen on the validation rows),
+            where the protocol has one. ``False`` is an ablation.
+        conjugate_posterior: for kinds whose :class:`~geodbk.models.zoo.ModelSpec` asks for it
+            (dbk-rbf, dbk-silu), replace the trained q(w), noise and constant mean by the
+            conjugate posterior given the learned basis (:meth:`Regressor.refit_posterior`)
+            before the residual field is fitted, where the protocol does, so that the covariance
+            behind area, change and exceedance products is a posterior. ``False`` is an ablation.
+        overrides: fields of :class:`~geodbk.models.config.ModelConfig` or
+            :class:`~geodbk.models.config.TrainConfig` (``hidden=16``, ``epochs=5``,
+            ``progress=False``, ...); ``None`` values are ignored.
+    """
+    rules = get_protocol(protocol)
+    inputs = rules.input_space(dataset)
+    model_config, train_config = rules.configs(preset, **overrides)
+    model_config = with_encoding_wavelength(model_config, inputs, min_wavelength_m)
+
+    def rows(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        part = dataset.subset(split)
+        lonlat, years = part[["lon", "lat"]].to_numpy(np.float64), quarter_years(part["year"], part["quarter"])
+        y, tests = part["y"].to_numpy(np.float64), part["tests"].to_numpy(np.float64)
+        return inputs.features(lonlat, years), y, tests, lonlat, years
+
+    X, y, tests, lonlat, years = rows("train")
+    X_val, y_val, tests_val, lonlat_val, years_val = rows("val")
+    regressor = fit_arrays(
+        kind, X, y, X_val, y_val, tests=tests, tests_val=tests_val, model_config=model_config,
+        train_config=train_config,
+    )
+    refit = conjugate_posterior and rules.conjugate_posterior and get_model_spec(kind).conjugate_posterior
+    if refit:
+        regressor.refit_posterior(X, y, tests, dataset.subset("train")["quadkey"].to_numpy())
+    residuals = None
+    if local_residuals and rules.local_residuals and regressor.has_kernel:
+        train_pred, val_pred = regressor.predict(X, tests=tests), regressor.predict(X_val, tests=tests_val)
+        residuals = ResidualField.fit(
+            lonlat, years, y - train_pred.mean, train_pred.sd**2,
+            lonlat_val, years_val, y_val - val_pred.mean, val_pred.sd**2,
+            train_test_var=train_pred.measurement().sd**2 - train_pred.sd**2,
+            val_test_var=val_pred.measurement().sd**2 - val_pred.sd**2,
+        )
+    info = ModelInfo(
+        kind=kind,
+        target=dataset.target,
+        units=dataset.units,
+        service=str(dataset.frame["service"].iloc[0]) if len(dataset.frame) else ModelInfo.service,
+        region=dataset.region.name,
+        region_wkb_hex=shapely.to_wkb(dataset.region.geometry, hex=True),
+        quarters=tuple(dataset.quarters),
+        protocol=rules.name,
+        split=dataset.split_protocol,
+        n_train=int(len(y)),
+        local_residuals=residuals is not None,
+        posterior="conjugate" if refit else "trained",
+    )
+    support = dataset.subset("train").drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
+    return GeoModel(regressor, inputs, info, support, residuals)
