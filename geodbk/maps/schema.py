@@ -86,36 +86,25 @@ def grid_size_limit(max_cells: int | None) -> Iterator[None]:
 class SpatialPredictor(Protocol):
     """Everything maps read from a fitted model (:class:`geodbk.fit.geomodel.GeoModel` is one).
 
-    ``predict`` takes ``(n, 2)`` lon/lat in degrees and a quarter (``"2023Q4"``, or None for
-    the model's default) and returns an object with ``mean`` and ``sd`` arrays of shape
-    ``(n,)`` in target units (log10 of Mbps or ms); ``predict_series`` returns one such
-    object per quarter of a sequence (what grids call). ``kernel_slice`` returns the ``(n, k)``
-    prior kernel between the points and ``k`` reference points, in target units squared;
-    it is only called when ``has_kernel`` is true, as are ``predict_change`` (a
-    :class:`~geodbk.prediction.ChangePrediction`, for change layers only) and ``predict_areas``
-    (area summaries: one mean and sd per group of points, shape ``(n_groups,)``).
-    ``distance_to_data`` gives metres to the nearest training tile (needed for ``max_distance``
-    only).
-
-    ``kind`` is the zoo name; ``meta`` the model's facts (``target``, ``units``, ``service``,
-    ...); ``latest_quarter`` the last fitted quarter, ``None`` for a time-free model; ``support``
-    the ``(m, 2)`` lon/lat degrees of the distinct training tiles, or ``None`` when unknown.
+    ``predict`` maps ``(n, 2)`` lon/lat degrees and a quarter (``"2023Q4"``; None: the default) to
+    ``mean``, ``sd`` arrays ``(n,)`` in log10 units (of Mbps or ms); ``predict_series``, one per
+    quarter. ``kernel_slice`` is the ``(n, k)`` prior kernel to ``k`` reference points (log10 units
+    squared); it, ``predict_change`` and ``predict_areas`` are only called if ``has_kernel``.
+    ``distance_to_data``: metres to the nearest training tile; ``support``: ``(m, 2)`` lon/lat of
+    those tiles, or None; ``meta``: facts (target, units, ...); ``latest_quarter``: None if time-free.
     """
+
+    meta: dict[str, Any]
+    support: np.ndarray | None
 
     @property
     def kind(self) -> str: ...
-
-    @property
-    def meta(self) -> Mapping[str, Any]: ...
 
     @property
     def has_kernel(self) -> bool: ...
 
     @property
     def latest_quarter(self) -> str | None: ...
-
-    @property
-    def support(self) -> np.ndarray | None: ...
 
     def predict(self, lonlat: np.ndarray, time: str | None = None) -> Any: ...
 
@@ -124,13 +113,7 @@ class SpatialPredictor(Protocol):
     def predict_change(self, lonlat: np.ndarray, time_from: str, time_to: str) -> Any: ...
 
     def predict_areas(
-        self,
-        lonlat: np.ndarray,
-        groups: np.ndarray,
-        n_groups: int | None = None,
-        time: str | None = None,
-        *,
-        weights: np.ndarray | None = None,
+        self, lonlat: np.ndarray, groups: np.ndarray, n_groups: int, time: str | None, *, weights: np.ndarray
     ) -> Any: ...
 
     def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray: ...
