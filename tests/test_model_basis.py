@@ -11,6 +11,7 @@ from geodbk.models import (
     BasisGP,
     BasisMap,
     IdentityBackbone,
+    KernelModel,
     ModelConfig,
     ModelSpec,
     RBFInducingExpansion,
@@ -21,6 +22,7 @@ from geodbk.models import (
     jittered_cholesky,
     register_model,
     unregister_model,
+    ZooModel,
 )
 from geodbk.models.objectives import PPGP
 from geodbk.fit.regressor import build_model
@@ -150,30 +152,29 @@ def test_zoo_names_and_registering_a_new_kind():
 def test_prior_variance_is_the_kernel_diagonal(kind):
     torch.manual_seed(0)
     model = build_model(kind, 3, ModelConfig(hidden=16, rank=12, dtype="float64")).eval()
-    if not getattr(model, "has_kernel", False):
-        pytest.skip(f"{kind} has no kernel (has_kernel is False)")
+    if not isinstance(model, KernelModel):
+        pytest.skip(f"{kind} has no kernel (it is not a KernelModel)")
     x = torch.rand(20, 3, dtype=torch.float64) * 2 - 1
     with torch.no_grad():
-        torch.testing.assert_close(model.prior_variance(x), torch.diagonal(model.kernel(x, x)))
+        torch.testing.assert_close(model.kernel(x, diag=True), torch.diagonal(model.kernel(x, x)))
+        torch.testing.assert_close(model.kernel(x), model.kernel(x, x))
+        with pytest.raises(ValueError, match="pass no x2"):
+            model.kernel(x, x, diag=True)
 
 
 def test_only_the_non_gp_baselines_have_no_kernel():
     config = ModelConfig(hidden=16, rank=12, dtype="float64")
     models = {kind: build_model(kind, 3, config).eval() for kind in available_models()}
-    without = sorted(kind for kind, model in models.items() if not getattr(model, "has_kernel", False))
+    assert all(isinstance(model, ZooModel) for model in models.values())
+    without = sorted(kind for kind, model in models.items() if not isinstance(model, KernelModel))
     assert without == ["dnn", "knn"]
-    x = torch.rand(4, 3, dtype=torch.float64) * 2 - 1
-    for kind in without:
-        # asking a kernel-free model for its kernel fails: no such method, or a TypeError
-        for name, args in (("kernel", (x, x)), ("prior_variance", (x,))):
-            method = getattr(models[kind], name, None)
-            if method is not None:
-                with pytest.raises(TypeError):
-                    method(*args)
+    for kind in without:  # a kernel-free model has no kernel to ask for
+        assert not hasattr(models[kind], "kernel") and not hasattr(models[kind], "posterior_factors")
 
 
 def test_geomodel_prior_variance_matches_its_kernel_slice(tmp_path):
     from geodbk.dataset.coords import CoordinateTransform
+    from geodbk.dataset.model_info import ModelInfo
     from geodbk.fit.geomodel import GeoModel
     from geodbk.dataset.inputs import InputSpace
     from geodbk.fit.train import fit_arrays
@@ -184,6 +185,6 @@ def test_geomodel_prior_variance_matches_its_kernel_slice(tmp_path):
     y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(200)
     reg = fit_arrays("dbk-rbf", X, y, X[:50], y[:50], model_config=ModelConfig(hidden=8, rank=8),
                      train_config=TrainConfig(lr=1e-3, epochs=2, progress=False))
-    model = GeoModel(reg, InputSpace(CoordinateTransform(-67.0, 17.9, -65.2, 18.5), None, "paper"))
+    model = GeoModel(reg, InputSpace(CoordinateTransform(-67.0, 17.9, -65.2, 18.5), None, "paper"), ModelInfo(reg.kind))
     lonlat = np.column_stack([rng.uniform(-67.0, -65.2, 30), rng.uniform(17.9, 18.5, 30)])
     np.testing.assert_allclose(model.prior_variance(lonlat), np.diag(model.kernel_slice(lonlat, lonlat)), rtol=1e-5)

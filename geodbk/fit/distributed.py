@@ -60,6 +60,7 @@ import torch.distributed as dist
 from torch import nn
 
 from geodbk.fit.regressor import resolve_device
+from geodbk.models.basis_gp import BasisGP
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class DataParallel:
     def sharded_rows(self, model: nn.Module) -> Iterator[None]:
         """Calls of ``model`` and of ``model.basis`` on a batch run on this rank's rows and return
         the whole batch's outputs (module docstring); a call nested in one of them runs as is."""
-        modules = [model] + [m for m in [getattr(model, "basis", None)] if isinstance(m, nn.Module)]
+        modules = [model, model.basis] if isinstance(model, BasisGP) else [model]
         outer: dict[nn.Module, int] = {}  # the module of the call being sharded: its batch rows
 
         def before(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
+from geodbk.models.base import KernelModel, PosteriorFactors, WeightedFactors, ZooModel
 from geodbk.models.basis_gp import BasisGP
 from geodbk.models.config import ModelConfig, stored_model_config
 from geodbk.models.conjugate import ConjugateFit, fit_conjugate_posterior
-from geodbk.models.expansions import ard_rbf
 from geodbk.models.precision import Precision, check_precision
 from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import Prediction
@@ -59,25 +59,14 @@ def as_test_counts(tests: Any, n: int, name: str = "tests") -> np.ndarray:
     return arr
 
 
-class _GPModule(Protocol):
-    """What :class:`Regressor` calls on a zoo model beyond ``nn.Module`` (GP kinds have all of it)."""
-
-    def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor: ...
-
-    def prior_variance(self, x: torch.Tensor) -> torch.Tensor: ...
-
-    def posterior_factors(self, x: torch.Tensor) -> Any: ...
-
-    def noise(self) -> torch.Tensor: ...
-
-
 @dataclass
 class Regressor:
     """A fitted model of kind ``kind`` on ``input_dim``-dimensional inputs.
 
     Attributes:
         kind: the zoo name the model was built from.
-        model: the torch module (returns :class:`~geodbk.models.GPOutput`).
+        model: the zoo model (returns :class:`~geodbk.models.GPOutput`); a
+            :class:`~geodbk.models.KernelModel` also has a kernel and a joint posterior.
         model_config: the architecture settings.
         input_dim: d.
         y_mean, y_std: the target standardisation (original units).
@@ -87,7 +76,7 @@ class Regressor:
     """
 
     kind: str
-    model: nn.Module
+    model: ZooModel
     model_config: ModelConfig
     input_dim: int
     y_mean: float
@@ -105,7 +94,7 @@ class Regressor:
             InputDataError: on setting an unknown precision, a reduced one for a kind without a
                 deep-basis backbone (knn, dnn, exact-dbk, ...) or for a float64 model.
         """
-        return cast(Precision, getattr(self.model, "backbone_precision", "float32"))
+        return self.model.backbone_precision if isinstance(self.model, BasisGP) else "float32"
 
     @prediction_precision.setter
     def prediction_precision(self, precision: str) -> None:
@@ -113,13 +102,12 @@ class Regressor:
             checked = check_precision(precision)
         except ValueError as err:
             raise InputDataError(str(err)) from None
-        supported = hasattr(self.model, "backbone_precision")
-        if checked != "float32" and not supported:
+        if checked != "float32" and not isinstance(self.model, BasisGP):
             raise InputDataError(f"{self.kind} has no reduced-precision prediction; use float32")
         if checked != "float32" and self.dtype != torch.float32:
             raise InputDataError(f"{checked} prediction needs a float32 model; this {self.kind} is {self.dtype}")
-        if supported:
-            setattr(self.model, "backbone_precision", checked)  # noqa: B010 (nn.Module declares no such attribute)
+        if isinstance(self.model, BasisGP):
+            self.model.backbone_precision = checked
 
     @property
     def device(self) -> torch.device:
@@ -130,18 +118,28 @@ class Regressor:
     def dtype(self) -> torch.dtype:
         return self.model_config.torch_dtype
 
-    @property
-    def _gp(self) -> _GPModule:
-        """The model, typed by the zoo's duck-typed GP methods (nn.Module does not declare them)."""
-        return cast(_GPModule, self.model)
-
     def _tensor(self, X: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(X, dtype=self.dtype, device=self.device)
 
+    def _batched(
+        self, n: int, batch_size: int, compute: Callable[[slice], torch.Tensor], width: int | None = None
+    ) -> np.ndarray:
+        """``compute(rows)`` for consecutive slices of ``batch_size`` of ``n`` rows, the model in
+        eval mode, each (b,) or (b, width), joined in float64: (n,) or (n, width)."""
+        self.model.eval()
+        parts = [compute(rows).double().cpu().numpy() for rows in _row_slices(n, batch_size)]
+        return np.concatenate(parts) if parts else np.empty((0,) if width is None else (0, width))
+
     @property
     def has_kernel(self) -> bool:
-        """Whether the model has a prior kernel (GP kinds) for :meth:`kernel` and :meth:`prior_variance`."""
-        return bool(getattr(self.model, "has_kernel", False))
+        """Whether the model is a :class:`~geodbk.models.KernelModel` (GP kinds): :meth:`kernel`,
+        :meth:`difference_variance` and :meth:`weighted_sum_variance` need one."""
+        return isinstance(self.model, KernelModel)
+
+    def _kernel_model(self) -> KernelModel:
+        if not isinstance(self.model, KernelModel):
+            raise TypeError(f"the {self.kind} model is not a GP and has no kernel")
+        return self.model
 
     @torch.no_grad()
     def predict(self, X: np.ndarray, tests: np.ndarray | None = None, batch_size: int = 65536) -> Prediction:
@@ -152,45 +150,41 @@ class Regressor:
         """
         X = as_inputs(X, self.input_dim)
         counts = None if tests is None else as_test_counts(tests, len(X))
-        self.model.eval()
-        means, sds, measurement_sds = [], [], []
-        for start in range(0, len(X), batch_size):
-            rows = slice(start, start + batch_size)
+
+        def moments(rows: slice) -> torch.Tensor:
             out = self.model(self._tensor(X[rows]), None if counts is None else self._tensor(counts[rows]))
-            means.append(out.mean.double().cpu().numpy())
-            sds.append(out.tile_var.double().sqrt().cpu().numpy())
-            measurement_sds.append(out.predictive_var.double().sqrt().cpu().numpy())
+            return torch.stack([out.mean, out.tile_var, out.predictive_var], dim=-1)
 
-        def joined(parts: list[np.ndarray]) -> np.ndarray:
-            return np.concatenate(parts) if parts else np.empty(0)
-
-        measurement_sd = None if counts is None else joined(measurement_sds) * self.y_std
-        return Prediction(joined(means) * self.y_std + self.y_mean, joined(sds) * self.y_std, measurement_sd)
+        mean, tile_var, measurement_var = self._batched(len(X), batch_size, moments, width=3).T
+        measurement_sd = None if counts is None else np.sqrt(measurement_var) * self.y_std
+        return Prediction(mean * self.y_std + self.y_mean, np.sqrt(tile_var) * self.y_std, measurement_sd)
 
     @torch.no_grad()
-    def kernel(self, X: np.ndarray, X_ref: np.ndarray, batch_size: int = 65536) -> np.ndarray:
-        """Prior kernel k(x, x_ref) in target units^2: (n, k) for X (n, d), X_ref (k, d)."""
+    def kernel(
+        self, X: np.ndarray, X_ref: np.ndarray | None = None, diag: bool = False, batch_size: int = 65536
+    ) -> np.ndarray:
+        """Prior kernel k(x, x_ref) in target units^2: (n, k) for X (n, d) and X_ref (k, d)
+        (``None``: X itself); with ``diag``, the prior variance k(x, x), (n,) (X_ref must be ``None``).
+
+        Raises:
+            TypeError: for a model that is not a :class:`~geodbk.models.KernelModel`.
+        """
+        model = self._kernel_model()
         X = as_inputs(X, self.input_dim)
-        X_ref = as_inputs(X_ref, self.input_dim, name="X_ref")
-        self.model.eval()
-        ref = self._tensor(X_ref)
-        blocks = [
-            self._gp.kernel(self._tensor(X[start : start + batch_size]), ref).double().cpu().numpy()
-            for start in range(0, len(X), batch_size)
-        ]
-        out = np.concatenate(blocks) if blocks else np.empty((0, len(X_ref)))
-        return out * self.y_std**2
+        if diag:
+            model.diagonal_only(X_ref)
+        ref = None if diag else self._tensor(X if X_ref is None else as_inputs(X_ref, self.input_dim, name="X_ref"))
 
-    @torch.no_grad()
+        def block(rows: slice) -> torch.Tensor:
+            x = self._tensor(X[rows])
+            return model.kernel(x, diag=True) if ref is None else model.kernel(x, ref)
+
+        return self._batched(len(X), batch_size, block, None if ref is None else len(ref)) * self.y_std**2
+
     def prior_variance(self, X: np.ndarray, batch_size: int = 65536) -> np.ndarray:
-        """Prior variance k(x, x) in target units^2: (n,) for X (n, d); the diagonal of :meth:`kernel`."""
-        X = as_inputs(X, self.input_dim)
-        self.model.eval()
-        blocks = [
-            self._gp.prior_variance(self._tensor(X[start : start + batch_size])).double().cpu().numpy()
-            for start in range(0, len(X), batch_size)
-        ]
-        return (np.concatenate(blocks) if blocks else np.empty(0)) * self.y_std**2
+        """``kernel(X, diag=True)``: the prior variance k(x, x), (n,) in target units^2. Kept until
+        :meth:`geodbk.fit.geomodel.GeoModel.prior_variance` calls :meth:`kernel` itself."""
+        return self.kernel(X, diag=True, batch_size=batch_size)
 
     def refit_posterior(
         self, X: np.ndarray, y: np.ndarray, tests: np.ndarray | None = None, tiles: np.ndarray | None = None
@@ -223,53 +217,37 @@ class Regressor:
         """The noise left in a tile mean of many tests, (n,) in target units^2 for X (n, d):
         sigma0^2, plus the input-dependent part of a conjugate refit's noise where there is one."""
         X = as_inputs(X, self.input_dim)
-        self.model.eval()
-        out = np.empty(len(X))
-        for start in range(0, len(X), batch_size):
-            rows = slice(start, start + batch_size)
+
+        def tile_noise(rows: slice) -> torch.Tensor:
             fitted = self.model(self._tensor(X[rows]))
-            noise = fitted.noise if fitted.tile_noise is None else fitted.tile_noise
-            out[rows] = noise.double().expand(len(fitted.mean)).cpu().numpy()
-        return out * self.y_std**2
+            return fitted.tile_noise_var.expand(len(fitted.mean))
+
+        return self._batched(len(X), batch_size, tile_noise) * self.y_std**2
 
     # --- joint posterior of linear functionals of f ----------------------------------------
-    def _factors(self, X: np.ndarray) -> Any:
-        """:class:`~geodbk.models.basis_gp.PosteriorFactors` of ``X`` (n, d) in float64."""
-        if not hasattr(self.model, "posterior_factors"):
+    def _factors(self, X: np.ndarray) -> PosteriorFactors:
+        """:class:`~geodbk.models.PosteriorFactors` of ``X`` (n, d) in float64 (standardised units)."""
+        if not isinstance(self.model, KernelModel):
             raise InputDataError(f"the {self.kind} model has no joint posterior (it is not a GP)")
         self.model.eval()
-        factors = self._gp.posterior_factors(self._tensor(X))
-        for name in ("plus", "minus", "rbf_inputs", "rbf_outputscale", "diagonal"):
-            value = getattr(factors, name)
-            if value is not None:
-                setattr(factors, name, value.double())
-        return factors
+        return self.model.posterior_factors(self._tensor(X)).double()
 
     @torch.no_grad()
     def difference_variance(self, X_from: np.ndarray, X_to: np.ndarray, batch_size: int = 65536) -> np.ndarray:
         """Var_q[f(X_to_i) - f(X_from_i)] of the latent function, (n,) in target units^2.
 
         Exact under the fitted posterior (for a basis GP ``||L^T (phi(x_to) - phi(x_from))||^2``;
-        inducing-point kinds add their residual covariance), from
-        :meth:`~geodbk.models.basis_gp.BasisGP.posterior_factors`. Rows are paired; X (n, d).
+        inducing-point kinds add their residual covariance):
+        :meth:`~geodbk.models.PosteriorFactors.difference_variance`. Rows are paired; X (n, d).
         """
         X_from, X_to = as_inputs(X_from, self.input_dim, "X_from"), as_inputs(X_to, self.input_dim, "X_to")
         if X_from.shape != X_to.shape:
             raise InputDataError(f"X_from {X_from.shape} and X_to {X_to.shape} must pair up row by row")
-        out = np.empty(len(X_from))
-        for start in range(0, len(X_from), batch_size):
-            rows = slice(start, start + batch_size)
-            a, b = self._factors(X_from[rows]), self._factors(X_to[rows])
-            var = (b.plus - a.plus).pow(2).sum(-1)
-            if a.minus is not None:
-                var = var - (b.minus - a.minus).pow(2).sum(-1)
-            if a.rbf_inputs is not None:
-                distance2 = (b.rbf_inputs - a.rbf_inputs).pow(2).sum(-1)
-                var = var + 2.0 * a.rbf_outputscale * (1.0 - torch.exp(-0.5 * distance2))
-            if a.diagonal is not None:
-                var = var + a.diagonal + b.diagonal
-            out[rows] = var.clamp_min(0.0).cpu().numpy()
-        return out * self.y_std**2
+
+        def variance(rows: slice) -> torch.Tensor:
+            return self._factors(X_to[rows]).difference_variance(self._factors(X_from[rows]))
+
+        return self._batched(len(X_from), batch_size, variance) * self.y_std**2
 
     @torch.no_grad()
     def weighted_sum_variance(
@@ -280,7 +258,8 @@ class Regressor:
 
         ``X`` (n, d); ``weights`` (n,); ``groups`` (n,) integers in [0, n_groups). Exact: the
         low-rank parts cost O(n r) (for a basis GP, ``||L^T sum_i w_i phi(x_i)||^2``); the
-        Nystrom residual of inducing-point kinds adds pairwise sums within each group.
+        Nystrom residual of inducing-point kinds adds pairwise sums within each group
+        (:meth:`~geodbk.models.PosteriorFactors.grouped_variance`).
         """
         X = as_inputs(X, self.input_dim)
         weights = np.asarray(weights, dtype=np.float64).reshape(-1)
@@ -291,40 +270,15 @@ class Regressor:
             )
         if len(groups) and (groups.min() < 0 or groups.max() >= n_groups):
             raise InputDataError(f"groups must be integers in [0, {n_groups})")
-        order = np.argsort(groups, kind="stable")
-        X, weights, groups = X[order], weights[order], groups[order]
         device = self.device
-        plus = minus = None
-        diagonal = torch.zeros(n_groups, dtype=torch.float64, device=device)
-        kernel_rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        scale: torch.Tensor | None = None
-        for start in range(0, len(X), batch_size):
-            rows = slice(start, start + batch_size)
-            f = self._factors(X[rows])
-            w = torch.as_tensor(weights[rows], dtype=torch.float64, device=device)
-            g = torch.as_tensor(groups[rows], device=device)
-            if plus is None:
-                plus = torch.zeros(n_groups, f.plus.shape[1], dtype=torch.float64, device=device)
-            plus.index_add_(0, g, w[:, None] * f.plus)
-            if f.minus is not None:
-                if minus is None:
-                    minus = torch.zeros(n_groups, f.minus.shape[1], dtype=torch.float64, device=device)
-                minus.index_add_(0, g, w[:, None] * f.minus)
-            if f.diagonal is not None:
-                diagonal.index_add_(0, g, w**2 * f.diagonal)
-            if f.rbf_inputs is not None:
-                kernel_rows.append((f.rbf_inputs, w, g))
-                scale = f.rbf_outputscale
-        var = diagonal.clone()
-        if plus is not None:
-            var += plus.pow(2).sum(-1)
-        if minus is not None:
-            var -= minus.pow(2).sum(-1)
-        if kernel_rows:
-            assert scale is not None  # set with every kernel row
-            z, z_weights, z_groups = (torch.cat(parts) for parts in zip(*kernel_rows, strict=True))
-            var += scale * _grouped_rbf_quadratic_form(z, z_weights, z_groups, n_groups, batch_size)
-        return var.clamp_min(0.0).cpu().numpy() * self.y_std**2
+
+        def batches() -> Iterator[WeightedFactors]:
+            for rows in _row_slices(len(X), batch_size):
+                w = torch.as_tensor(weights[rows], dtype=torch.float64, device=device)
+                yield self._factors(X[rows]), w, torch.as_tensor(groups[rows], device=device)
+
+        var = PosteriorFactors.grouped_variance(batches(), n_groups, batch_size)
+        return var.cpu().numpy() * self.y_std**2
 
     # --- persistence -----------------------------------------------------------------------
     def to_payload(self) -> dict[str, Any]:
@@ -402,27 +356,12 @@ def read_payload(path: str | Path, device: str | torch.device = "cpu") -> dict[s
     return payload
 
 
-def _grouped_rbf_quadratic_form(
-    z: torch.Tensor, w: torch.Tensor, groups: torch.Tensor, n_groups: int, block: int
-) -> torch.Tensor:
-    """sum_{i, j in g} w_i w_j exp(-0.5 ||z_i - z_j||^2) for each group g: (n_groups,).
-
-    Rows must be sorted by group; each group is summed in (block x block) tiles, so memory is
-    O(block^2) and time O(sum_g n_g^2).
-    """
-    out = torch.zeros(n_groups, dtype=z.dtype, device=z.device)
-    unit = z.new_ones(())  # z is already divided by the lengthscales; s^2 is applied by the caller
-    bounds = torch.searchsorted(groups, torch.arange(n_groups + 1, device=groups.device)).tolist()
-    for g in range(n_groups):
-        lo, hi = bounds[g], bounds[g + 1]
-        for i in range(lo, hi, block):
-            zi, wi = z[i : min(i + block, hi)], w[i : min(i + block, hi)]
-            for j in range(lo, hi, block):
-                zj, wj = z[j : min(j + block, hi)], w[j : min(j + block, hi)]
-                out[g] += wi @ ard_rbf(zi, zj, unit, unit) @ wj
-    return out
+def _row_slices(n: int, batch_size: int) -> Iterator[slice]:
+    """Consecutive slices of at most ``batch_size`` rows covering ``range(n)``: the one batch loop."""
+    for start in range(0, n, batch_size):
+        yield slice(start, start + batch_size)
 
 
-def build_model(kind: str, input_dim: int, config: ModelConfig) -> nn.Module:
+def build_model(kind: str, input_dim: int, config: ModelConfig) -> ZooModel:
     """Instantiate the zoo model ``kind`` for ``input_dim`` inputs in the config's dtype."""
     return get_model_spec(kind).build(input_dim, config).to(config.torch_dtype)

@@ -19,6 +19,7 @@ from torch import nn
 
 from geodbk.errors import TrainingError
 from geodbk.fit.distributed import DataParallel
+from geodbk.models.base import ZooModel
 from geodbk.models.config import TrainConfig
 from geodbk.models.expansions import MAX_JITTER_LEVEL, DeferredCholesky, deferred_cholesky_checks
 from geodbk.models.objectives import Objective
@@ -67,7 +68,7 @@ class TrainingStep:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: ZooModel,
         objective: Objective,
         optimizer: torch.optim.Optimizer,
         X: torch.Tensor,

@@ -18,11 +18,10 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
 from geodbk.errors import InputDataError
@@ -37,6 +36,7 @@ from geodbk.fit.regressor import (
     write_payload,
 )
 from geodbk.fit.step import TrainingStep, train_epoch
+from geodbk.models.base import ZooModel
 from geodbk.models.config import ModelConfig, TrainConfig
 from geodbk.models.objectives import gaussian_nll
 from geodbk.models.zoo import get_model_spec
@@ -51,13 +51,13 @@ def _targets(y: Any, n: int, name: str) -> np.ndarray:
     return arr
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: ZooModel, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with ``cfg.weight_decay`` on the backbone parameters and none elsewhere.
 
     On CUDA it is ``capturable`` (its step count lives on the device), so that
     :class:`TrainingStep` can capture it in a CUDA graph.
     """
-    decayed = {id(p) for p in cast(Any, model).backbone_parameters()}
+    decayed = {id(p) for p in model.backbone_parameters()}
     groups = [
         {"params": [p for p in model.parameters() if id(p) in decayed], "weight_decay": cfg.weight_decay},
         {"params": [p for p in model.parameters() if id(p) not in decayed], "weight_decay": 0.0},
@@ -68,7 +68,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 
 @torch.no_grad()
 def mean_nll(
-    model: nn.Module,
+    model: ZooModel,
     X: torch.Tensor,
     y: torch.Tensor,
     batch_size: int,
@@ -160,7 +160,7 @@ def fit_arrays(
         counts_val = tensor(as_test_counts(tests_val, len(X_val), "tests_val"))
     log_std = math.log(y_std)
 
-    def regressor(fitted: nn.Module, history: list[dict[str, float]], best_epoch: int) -> Regressor:
+    def regressor(fitted: ZooModel, history: list[dict[str, float]], best_epoch: int) -> Regressor:
         fitted.eval()
         return Regressor(
             kind=kind,

@@ -1,7 +1,12 @@
-"""Deep basis maps, the low-rank GP on them, training objectives and the model zoo."""
+"""Deep basis maps, the low-rank GP on them, training objectives and the model zoo.
+
+Every zoo model is a :class:`ZooModel`; those with a Gaussian-process prior (a kernel and a
+joint posterior) are :class:`KernelModel` (see :mod:`geodbk.models.base`).
+"""
 
 from geodbk.models.backbone import IdentityBackbone, ResidualBlock, ResNetBackbone
-from geodbk.models.basis_gp import BasisGP, BasisMap, GPOutput, Noise, PointNetwork, PosteriorFactors
+from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors, ZooModel
+from geodbk.models.basis_gp import BasisGP, BasisMap, PointNetwork
 from geodbk.models.config import PRESETS, ModelConfig, RunPreset, TrainConfig, run_preset
 from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion, jittered_cholesky
 from geodbk.models.objectives import (
@@ -19,11 +24,11 @@ from geodbk.models.objectives import (
 from geodbk.models.zoo import ModelSpec, available_models, get_model_spec, register_model, unregister_model
 
 __all__ = [
-    "BasisGP", "BasisMap", "DPPGP", "ExactMarginalLikelihood", "GPOutput", "IdentityBackbone",
+    "BasisGP", "BasisMap", "DPPGP", "ExactMarginalLikelihood", "GPOutput", "IdentityBackbone", "KernelModel",
     "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PRESETS", "PointNetwork",
     "PosteriorFactors",
     "RBFInducingExpansion", "ResNetBackbone", "ResidualBlock", "RunPreset", "SVGPELBO", "SiLUExpansion", "TrainConfig",
-    "VBLLELBO", "available_models", "exact_posterior", "gaussian_nll", "get_model_spec",
+    "VBLLELBO", "ZooModel", "available_models", "exact_posterior", "gaussian_nll", "get_model_spec",
     "jittered_cholesky", "register_model", "run_preset", "unregister_model", "woodbury_log_marginal",
 ]
 

@@ -28,76 +28,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 from torch import nn
 
+from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors, ZooModel
 from geodbk.models.precision import Precision, matmul_precision
-
-
-@dataclass
-class GPOutput:
-    """What a model returns for a batch of n inputs (standardised target units).
-
-    Attributes:
-        mean: (n,) predictive mean.
-        var_f: (n,) function variance; includes the residual c(x) for inducing-point
-            models that carry it.
-        noise: () or (n,) noise variance of the batch's observations, sigma^2(k_i) for
-            their test counts k_i (sigma0^2 when no counts were given).
-        phi: (n, r) basis values; ``None`` for the plain network and in the folded
-            prediction path (eval mode, no autograd) of expansions that fold.
-        residual: (n,) Nystrom residual c(x) = k(x, x) - ||phi(x)||^2, or ``None``.
-        tile_noise: () or (n,) sigma0^2, the noise left as k -> infinity; ``None`` means
-            the same as ``noise``.
-    """
-
-    mean: torch.Tensor
-    var_f: torch.Tensor
-    noise: torch.Tensor
-    phi: torch.Tensor | None = None
-    residual: torch.Tensor | None = None
-    tile_noise: torch.Tensor | None = None
-
-    @property
-    def predictive_var(self) -> torch.Tensor:
-        """(n,) var_f + sigma^2(k): a new observation with the batch's test counts."""
-        return self.var_f + self.noise
-
-    @property
-    def tile_var(self) -> torch.Tensor:
-        """(n,) var_f + sigma0^2: the tile-mean distribution (k -> infinity)."""
-        return self.var_f + (self.noise if self.tile_noise is None else self.tile_noise)
-
-
-@dataclass
-class PosteriorFactors:
-    """The posterior covariance of the latent f at n inputs, in factored form.
-
-    ``Cov_q(f(x_i), f(x_j)) = <plus_i, plus_j> - <minus_i, minus_j> + k(z_i, z_j) + [i = j] diagonal_i``
-
-    where ``k(z_i, z_j) = rbf_outputscale * exp(-0.5 ||z_i - z_j||^2)`` is an RBF kernel on
-    inputs already divided by their lengthscales. Its diagonal is ``var_f`` of
-    :class:`GPOutput`. Linear functionals of f (a change between quarters, an average over
-    an area) get their exact variances from these factors without an n x n matrix: the
-    plus and minus parts cost O(n r), and only the kernel part, present in the inducing-point
-    kinds that carry their Nystrom residual, needs pairwise sums.
-
-    Attributes:
-        plus: (n, p) features of the positive low-rank part (``L^T phi`` for a basis GP).
-        minus: (n, q) features subtracted (the Nystrom projection), or ``None``.
-        rbf_inputs: (n, h) lengthscale-scaled inputs z of the kernel part, or ``None``.
-        rbf_outputscale: () the kernel part's s^2 (used with ``rbf_inputs``).
-        diagonal: (n,) variance independent between inputs, or ``None``.
-    """
-
-    plus: torch.Tensor
-    minus: torch.Tensor | None = None
-    rbf_inputs: torch.Tensor | None = None
-    rbf_outputscale: torch.Tensor | None = None
-    diagonal: torch.Tensor | None = None
 
 
 class BasisMap(nn.Module):
@@ -118,60 +55,7 @@ class BasisMap(nn.Module):
         return self.expansion(self.backbone(x))
 
 
-def _inverse_softplus(value: float) -> float:
-    return value + math.log(-math.expm1(-value))
-
-
-class Noise(nn.Module):
-    """Noise variance of an observation that averages k tests: ``sigma0^2 + sigma1^2 / k``.
-
-    ``sigma0^2 = floor + softplus(raw)`` is what remains for a tile mean of many tests;
-    ``sigma1^2 = softplus(raw_per_test)`` is the variance of a single test about its tile
-    mean, present only with ``per_test=True`` (otherwise the noise is homoscedastic,
-    sigma^2 = sigma0^2, as in the paper).
-
-    Args:
-        init: initial noise variance of a one-test observation (1e-2 in the paper); with
-            ``per_test`` it is split evenly between sigma0^2 and sigma1^2.
-        floor: lower bound on sigma0^2 (1e-6 in the paper).
-        per_test: learn the sigma1^2 / k term.
-    """
-
-    def __init__(self, init: float = 1e-2, floor: float = 1e-6, per_test: bool = False) -> None:
-        super().__init__()
-        if init <= floor:
-            raise ValueError(f"noise init {init} must exceed the floor {floor}")
-        self.floor = floor
-        self.per_test = per_test
-        tile_init = 0.5 * init if per_test else init
-        self.raw = nn.Parameter(torch.tensor(_inverse_softplus(max(tile_init - floor, 0.5 * tile_init))))
-        if per_test:
-            self.raw_per_test = nn.Parameter(torch.tensor(_inverse_softplus(0.5 * init)))
-
-    def forward(self, tests: torch.Tensor | None = None) -> torch.Tensor:
-        """sigma^2(k): () without ``tests`` (k -> infinity) or homoscedastic, else (n,) for (n,) counts."""
-        tile = self.floor + nn.functional.softplus(self.raw)
-        if tests is None or not self.per_test:
-            return tile
-        return tile + self.per_test_variance() / tests
-
-    def per_test_variance(self) -> torch.Tensor:
-        """sigma1^2, the variance of one test about its tile mean (0 without the term): ()."""
-        if not self.per_test:
-            return self.raw.new_zeros(())
-        return nn.functional.softplus(self.raw_per_test)
-
-    def set_(self, value: float, per_test: float | None = None) -> None:
-        """Set sigma0^2 (clamped just above the floor) and, with the test-count term, sigma1^2."""
-        with torch.no_grad():
-            self.raw.fill_(_inverse_softplus(max(value - self.floor, 1e-12)))
-            if per_test is not None:
-                if not self.per_test:
-                    raise ValueError("this noise has no test-count term to set")
-                self.raw_per_test.fill_(_inverse_softplus(max(per_test, 1e-12)))
-
-
-class BasisGP(nn.Module):
+class BasisGP(KernelModel):
     """Low-rank GP ``f(x) = <w, phi(x)> + c`` with q(w) = N(m, L L^T).
 
     Args:
@@ -241,8 +125,6 @@ class BasisGP(nn.Module):
         zeros = self.variational_log_diag.new_zeros(self.rank, self.rank)
         strict = zeros.index_put((rows, cols), self.variational_offdiag)
         return strict + torch.diag(self.variational_log_diag.exp())
-
-    has_kernel = True
 
     def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
         """Outputs at ``x`` (n, d); ``tests`` (n,) test counts set the per-row noise.
@@ -351,39 +233,41 @@ class BasisGP(nn.Module):
         rows, cols = self._tril_index
         self.variational_offdiag.copy_(cov_factor[rows, cols])
 
-    def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
-        """Prior kernel k(x, x_ref), (n, k).
+    def kernel(self, x1: torch.Tensor, x2: torch.Tensor | None = None, diag: bool = False) -> torch.Tensor:
+        """Prior kernel k(x1, x2), (n, m), or with ``diag`` its diagonal k(x1, x1), (n,) in O(n r)
+        (see :meth:`KernelModel.kernel`).
 
-        ``a^2 phi(x).phi(x_ref)`` for a deep basis (a^2 = :attr:`weight_prior_variance`); for
-        models with the Nystrom residual this is the full base kernel k(g(x), g(x_ref)) that
+        ``a^2 phi(x1).phi(x2)`` for a deep basis (a^2 = :attr:`weight_prior_variance`); for
+        models with the Nystrom residual this is the full base kernel k(g(x1), g(x2)) that
         the SVGP approximates.
         """
+        if diag:
+            self.diagonal_only(x2)
         if self.include_residual:
             expansion, backbone = self.basis.expansion, self.basis.backbone
-            return expansion.base_kernel(backbone(x), backbone(x_ref))
-        return self.weight_prior_variance * self.basis(x) @ self.basis(x_ref).T
-
-    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
-        """k(x, x) for each row of ``x``, (n,): the diagonal of :meth:`kernel` in O(n r)."""
-        if self.include_residual:
-            return self.basis.expansion.prior_variance(self.basis.backbone(x))
-        return self.weight_prior_variance * self.basis(x).pow(2).sum(-1)
+            g1 = backbone(x1)
+            if diag:
+                return expansion.prior_variance(g1)
+            return expansion.base_kernel(g1, g1 if x2 is None else backbone(x2))
+        phi1 = self.basis(x1)
+        if diag:
+            return self.weight_prior_variance * phi1.pow(2).sum(-1)
+        return self.weight_prior_variance * phi1 @ (phi1 if x2 is None else self.basis(x2)).T
 
     def backbone_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters that take weight decay (the backbone network only)."""
         return self.basis.backbone.parameters()
 
 
-class PointNetwork(nn.Module):
+class PointNetwork(ZooModel):
     """The DNN baseline: backbone + linear head, with a fitted homoscedastic noise.
 
     ``forward`` returns a :class:`GPOutput` with var_f = 0, so the predictive
     distribution is N(head(g(x)), sigma^2). The noise stays homoscedastic: the MSE
     objective sets sigma^2 to the training MSE and has no likelihood to learn a
-    test-count term from. It is not a GP and has no kernel (``has_kernel = False``).
+    test-count term from. It is not a GP, so it is a
+    :class:`~geodbk.models.base.ZooModel` without a kernel.
     """
-
-    has_kernel = False
 
     def __init__(self, backbone: nn.Module, noise_init: float = 1e-2, noise_floor: float = 1e-6) -> None:
         super().__init__()
@@ -394,12 +278,6 @@ class PointNetwork(nn.Module):
     def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
         mean = self.head(self.backbone(x)).squeeze(-1)
         return GPOutput(mean=mean, var_f=torch.zeros_like(mean), noise=self.noise())
-
-    def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
-        raise TypeError("the dnn baseline is not a GP and has no kernel")
-
-    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
-        raise TypeError("the dnn baseline is not a GP and has no kernel")
 
     def backbone_parameters(self) -> Iterator[nn.Parameter]:
         return self.backbone.parameters()

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from scipy.spatial import cKDTree
-from torch import nn
 
-from geodbk.models.basis_gp import GPOutput
+from geodbk.models.base import GPOutput, ZooModel
 from geodbk.models.config import ModelConfig
 from geodbk.models.objectives import gaussian_nll
 from geodbk.models.zoo import ModelSpec, register_model
@@ -56,7 +55,7 @@ def _local_moments(residuals: torch.Tensor, floor: torch.Tensor) -> tuple[torch.
     return residuals.mean(dim=1), torch.maximum(var, floor)
 
 
-class NearestTilesModel(nn.Module):
+class NearestTilesModel(ZooModel):
     """k-nearest-tiles predictor: ``forward(x)`` (n, d) -> :class:`GPOutput` (target units).
 
     All its state is in persistent buffers, so a ``state_dict`` round trip restores it:
@@ -77,7 +76,6 @@ class NearestTilesModel(nn.Module):
             (standardised units), for reporting; not saved in the state dict.
     """
 
-    has_kernel = False
     # persistent buffers (see above)
     spatial: torch.Tensor
     residual: torch.Tensor

@@ -3,7 +3,7 @@
 Every objective is a loss to *minimise*, on the per-datum scale (divided by the
 training size n), evaluated on a batch ``(x, y)`` of size b with targets standardised, and
 optionally the rows' test counts ``tests`` (b,), which make s2 per row (see
-:class:`~geodbk.models.basis_gp.Noise`):
+:class:`~geodbk.models.base.Noise`):
 
 =========  =================================================================================
 dPPGP      (1/b) sum -log N(y; mu, var_f + s2) + alpha (1/b) sum (k_b - ||phi||^2) / (2 s2)
@@ -27,15 +27,19 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
+from geodbk.models.base import ZooModel
 from geodbk.models.expansions import jittered_cholesky
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
 def gaussian_nll(y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    """Elementwise -log N(y; mean, var)."""
+    """Elementwise -log N(y; mean, var) = 0.5 (log 2 pi + log var + (y - mean)^2 / var), broadcast.
+
+    The one Gaussian NLL of geodbk: the objectives, the knn baseline's choice of k and
+    :func:`geodbk.fit.metrics.gaussian_nll` all use it. ``var`` is in the squared units of ``y``.
+    """
     return 0.5 * (_LOG_2PI + torch.log(var) + (y - mean).pow(2) / var)
 
 
@@ -52,12 +56,12 @@ class Objective:
     name = "objective"
 
     def __call__(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+        self, model: ZooModel, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Loss for the batch ``x`` (b, d), ``y`` (b,), ``tests`` (b,) or None, of a training set of size ``n``."""
         raise NotImplementedError
 
-    def refresh(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None) -> None:
+    def refresh(self, model: ZooModel, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None) -> None:
         """Update closed-form state from the training data before validation (default: none)."""
 
     def __repr__(self) -> str:

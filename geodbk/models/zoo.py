@@ -1,10 +1,11 @@
 """The model zoo: a registry from a model name to how to build and train it.
 
-A :class:`ModelSpec` pairs a builder (input dimension + :class:`ModelConfig` -> module
-whose ``forward(x, tests=None)`` returns a :class:`~geodbk.models.basis_gp.GPOutput`) with
+A :class:`ModelSpec` pairs a builder (input dimension + :class:`ModelConfig` ->
+:class:`~geodbk.models.base.ZooModel`, whose ``forward(x, tests=None)`` returns a
+:class:`~geodbk.models.base.GPOutput`) with
 an objective factory (train settings -> :class:`~geodbk.models.objectives.Objective`), or,
 for closed-form kinds such as ``knn``, with a ``fit`` function that replaces the gradient
-loop. Models declare whether they have a kernel with the class attribute ``has_kernel``.
+loop. A model with a Gaussian-process prior is a :class:`~geodbk.models.base.KernelModel`.
 
 Registering a new kind is one call, e.g. from another module::
 
@@ -25,9 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
-
 from geodbk.models.backbone import IdentityBackbone, ResNetBackbone, SinusoidalEncoding
+from geodbk.models.base import ZooModel
 from geodbk.models.basis_gp import BasisGP, BasisMap, PointNetwork
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion
@@ -47,7 +47,7 @@ class ModelSpec:
     """How to build and train one kind of model.
 
     Attributes:
-        build: ``(input_dim, model_config) -> nn.Module``.
+        build: ``(input_dim, model_config) -> ZooModel``.
         objective: ``(train_config) -> Objective``; reads e.g. ``alpha`` and ``beta``.
             ``None`` for kinds fitted in closed form by ``fit``.
         description: one line for listings.
@@ -57,19 +57,19 @@ class ModelSpec:
             and validation tensors, before the optimiser is made (not when resuming); ``fit``
             is the trainer's ``fit_arrays``, so a kind that needs another kind fitted first
             (VaLLA fits and freezes its mean network here) does not import the trainer.
-        fit: optional ``(X, y, X_val, y_val, model_config, train_config) -> nn.Module`` on
+        fit: optional ``(X, y, X_val, y_val, model_config, train_config) -> ZooModel`` on
             the standardised tensors: a closed-form fit that replaces the gradient loop.
         conjugate_posterior: map fits replace the trained q(w) by the conjugate posterior given
             the learned basis (:mod:`geodbk.models.conjugate`): for objectives whose q(w) is
             not a posterior (dPPGP), so that area and change variances are.
     """
 
-    build: Callable[[int, ModelConfig], nn.Module]
+    build: Callable[[int, ModelConfig], ZooModel]
     objective: Callable[[Any], Objective] | None
     description: str = ""
     full_batch: bool = False
     prepare: Callable[..., None] | None = None
-    fit: Callable[..., nn.Module] | None = None
+    fit: Callable[..., ZooModel] | None = None
     conjugate_posterior: bool = False
 
     def __post_init__(self) -> None:

@@ -23,17 +23,16 @@ beta2 = 1e-3 by default (the paper's main tables); beta2 -> inf recovers SVGP.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from geodbk.models.basis_gp import GPOutput, Noise, PosteriorFactors
+from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors
 from geodbk.models.expansions import ard_rbf, default_jitter, jittered_cholesky
 from geodbk.models.objectives import Objective, gaussian_nll
 
 
-class DecoupledSVGP(nn.Module):
+class DecoupledSVGP(KernelModel):
     """Inducing-point GP with decoupled mean / covariance lengthscales on raw inputs.
 
     Args:
@@ -49,10 +48,9 @@ class DecoupledSVGP(nn.Module):
     q(u_bar): m_bar = 0, L_S = I at initialisation.
     """
 
-    has_kernel = True
     #: The Omega term's weight, read by :class:`DecoupledELBO` when its ``beta2`` is None;
-    #: set by the zoo builder (absent otherwise).
-    omega_weight: float
+    #: the zoo builder sets it from ``ModelConfig.options["beta2"]``.
+    omega_weight: float = 1e-3
 
     def __init__(
         self,
@@ -130,7 +128,7 @@ class DecoupledSVGP(nn.Module):
 
     def posterior_factors(self, x: torch.Tensor) -> PosteriorFactors:
         """Cov(f(x), f(x')) = K(x, x') - a_K . a_K' + (L_S^T phi_Q) . (L_S^T phi_Q'), with
-        a_K = L_K^{-1} K_Zx: see :class:`~geodbk.models.basis_gp.PosteriorFactors`."""
+        a_K = L_K^{-1} K_Zx: see :class:`~geodbk.models.base.PosteriorFactors`."""
         t = self._terms(x)
         return PosteriorFactors(
             plus=t["phi_q"] @ self.chol_factor,
@@ -168,17 +166,13 @@ class DecoupledSVGP(nn.Module):
         t = self._terms(x)
         return self._output(t), self._kl(t["chol_q"], t["chol_k"]), self.omega(x, t)
 
-    def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
-        """Prior (covariance-kernel) k(x, x_ref), (n, k)."""
-        return self.covar_kernel(x, x_ref)
-
-    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
-        """k(x, x) = s^2 for every row (a stationary kernel), (n,)."""
-        return self.outputscale.expand(x.shape[0])
-
-    def backbone_parameters(self) -> Iterator[nn.Parameter]:
-        """No network: nothing takes weight decay."""
-        return iter(())
+    def kernel(self, x1: torch.Tensor, x2: torch.Tensor | None = None, diag: bool = False) -> torch.Tensor:
+        """The prior (covariance) kernel K(x1, x2), (n, m); with ``diag`` its diagonal, s^2 for
+        every row of x1 (a stationary kernel), (n,). No network, so nothing takes weight decay."""
+        if diag:
+            self.diagonal_only(x2)
+            return self.outputscale.expand(x1.shape[0])
+        return self.covar_kernel(x1, x1 if x2 is None else x2)
 
 
 class DecoupledELBO(Objective):
@@ -186,8 +180,8 @@ class DecoupledELBO(Objective):
 
     Args:
         beta1: KL weight (1).
-        beta2: Omega weight; ``None`` reads the model's ``omega_weight`` attribute (set by
-            the zoo builder from ``ModelConfig.options["beta2"]``), else 1e-3.
+        beta2: Omega weight; ``None`` reads the model's ``omega_weight`` (1e-3 unless the zoo
+            builder set it from ``ModelConfig.options["beta2"]``).
         predictive: use the PPGP predictive likelihood instead of the ELBO data term.
     """
 
@@ -206,5 +200,5 @@ class DecoupledELBO(Objective):
             fit = gaussian_nll(y, out.mean, out.predictive_var)
         else:
             fit = gaussian_nll(y, out.mean, out.noise) + out.var_f / (2.0 * out.noise)
-        beta2 = self.beta2 if self.beta2 is not None else getattr(model, "omega_weight", 1e-3)
+        beta2 = self.beta2 if self.beta2 is not None else model.omega_weight
         return fit.mean() + (self.beta1 * kl + beta2 * omega) / n

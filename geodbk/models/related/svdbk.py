@@ -28,7 +28,8 @@ import math
 import torch
 from torch import nn
 
-from geodbk.models.basis_gp import BasisGP, BasisMap, GPOutput, PosteriorFactors
+from geodbk.models.base import GPOutput, PosteriorFactors
+from geodbk.models.basis_gp import BasisGP, BasisMap
 from geodbk.models.objectives import Objective, gaussian_nll
 
 

@@ -28,19 +28,20 @@ paper requires, comes from :func:`geodbk.fit.train.fit_arrays`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 from torch import nn
 
-from geodbk.models.basis_gp import GPOutput, Noise, PointNetwork, PosteriorFactors
+from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors
+from geodbk.models.basis_gp import PointNetwork
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import jittered_cholesky
 from geodbk.models.objectives import _LOG_2PI, Objective, gaussian_nll
 
 
-class LastLayerVaLLA(nn.Module):
+class LastLayerVaLLA(KernelModel):
     """VaLLA on the last-layer Jacobian of a frozen network.
 
     Args:
@@ -51,8 +52,6 @@ class LastLayerVaLLA(nn.Module):
     ``forward`` returns a :class:`GPOutput` whose ``phi`` is sigma_0 [h(x), 1] (the
     features of the prior kernel) and whose ``var_f`` is K*(x, x).
     """
-
-    has_kernel = True
 
     def __init__(
         self, network: PointNetwork, num_inducing: int, noise_init: float = 1e-2, noise_floor: float = 1e-6
@@ -109,7 +108,7 @@ class LastLayerVaLLA(nn.Module):
 
     def posterior_factors(self, x: torch.Tensor) -> PosteriorFactors:
         """Cov(f(x), f(x')) = kappa(x, x') - (W phi) . (W phi'): the prior features minus
-        their projection (see :class:`~geodbk.models.basis_gp.PosteriorFactors`)."""
+        their projection (see :class:`~geodbk.models.base.PosteriorFactors`)."""
         phi = self.features(x)
         _, w = self._inducing_terms()
         return PosteriorFactors(plus=phi, minus=phi @ w.T)
@@ -119,17 +118,14 @@ class LastLayerVaLLA(nn.Module):
         chol, w = self._inducing_terms()
         return torch.log(torch.diagonal(chol)).sum() - 0.5 * w.pow(2).sum()
 
-    def kernel(self, x: torch.Tensor, x_ref: torch.Tensor) -> torch.Tensor:
-        """Prior kernel kappa(x, x_ref) = sigma_0^2 [h(x), 1].[h(x_ref), 1], (n, k)."""
-        return self.features(x) @ self.features(x_ref).T
-
-    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
-        """kappa(x, x) for each row of ``x``, (n,)."""
-        return self.features(x).pow(2).sum(-1)
-
-    def backbone_parameters(self) -> Iterator[nn.Parameter]:
-        """The frozen network takes no weight decay: empty."""
-        return iter(())
+    def kernel(self, x1: torch.Tensor, x2: torch.Tensor | None = None, diag: bool = False) -> torch.Tensor:
+        """Prior kernel kappa(x1, x2) = sigma_0^2 [h(x1), 1].[h(x2), 1], (n, m); with ``diag``
+        kappa(x1, x1) per row, (n,). (The frozen network takes no weight decay.)"""
+        phi1 = self.features(x1)
+        if diag:
+            self.diagonal_only(x2)
+            return phi1.pow(2).sum(-1)
+        return phi1 @ (phi1 if x2 is None else self.features(x2)).T
 
 
 class BlackBoxAlpha(Objective):
