@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from scipy.special import erf
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
+from geodbk.models.objectives import gaussian_nll as elementwise_gaussian_nll
 from geodbk.prediction import Z95, Prediction
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
@@ -36,10 +38,10 @@ def mae(y: np.ndarray, prediction: Prediction) -> float:
 
 
 def gaussian_nll(y: np.ndarray, prediction: Prediction) -> float:
-    """Mean -log N(y; mean, sd^2)."""
+    """Mean -log N(y; mean, sd^2), by :func:`geodbk.models.objectives.gaussian_nll` in float64."""
     y = _check(y, prediction)
-    z = (y - prediction.mean) / prediction.sd
-    return float(np.mean(0.5 * math.log(2 * math.pi) + np.log(prediction.sd) + 0.5 * z**2))
+    mean, var = (np.broadcast_to(np.asarray(a, dtype=np.float64), y.shape) for a in (prediction.mean, prediction.var))
+    return float(elementwise_gaussian_nll(*map(torch.from_numpy, (y, mean, var))).mean())
 
 
 def crps_gaussian(y: np.ndarray, prediction: Prediction) -> float:
