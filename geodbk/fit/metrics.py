@@ -40,8 +40,8 @@ def mae(y: np.ndarray, prediction: Prediction) -> float:
 def gaussian_nll(y: np.ndarray, prediction: Prediction) -> float:
     """Mean -log N(y; mean, sd^2), by :func:`geodbk.models.objectives.gaussian_nll` in float64."""
     y = _check(y, prediction)
-    mean, var = (np.broadcast_to(np.asarray(a, dtype=np.float64), y.shape) for a in (prediction.mean, prediction.var))
-    return float(elementwise_gaussian_nll(*map(torch.from_numpy, (y, mean, var))).mean())
+    y_t, mean, var = (torch.tensor(np.asarray(a), dtype=torch.float64) for a in (y, prediction.mean, prediction.var))
+    return float(elementwise_gaussian_nll(y_t, mean, var).mean())
 
 
 def crps_gaussian(y: np.ndarray, prediction: Prediction) -> float:
