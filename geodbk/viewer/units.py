@@ -1,8 +1,9 @@
-"""Predictive distributions at a clicked point, in log10 units and in data units (Mbps or ms).
+"""Predictive distributions at a clicked point and at the map's cells, in log10 units and in
+data units (Mbps or ms).
 
 Models predict a Gaussian of log10(value); :func:`geodbk.prediction.to_data_units` is the
 one back-transform to the median and 95% interval in data units, and everything here goes
-through it.
+through it (for grids, through the ``.dbk`` accessor that wraps it).
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import xarray as xr
 
+import geodbk.io.accessor  # noqa: F401  (registers the .dbk accessor used by cell_readout)
 from geodbk.prediction import Prediction, to_data_units
+
+#: Variables of :func:`cell_readout`: the median, the 95% interval (data units) and P(below).
+READOUT_VARIABLES = ("readout_median", "readout_lower", "readout_upper", "readout_p_below")
 
 
 def slice_units(units: str) -> str:
@@ -68,3 +74,27 @@ class Series:
         mean = np.array([float(p.mean[0]) for p in predictions])
         sd = np.array([float(p.sd[0]) for p in predictions])
         return cls(list(quarters), *to_data_units(mean, sd))
+
+
+def cell_readout(cells: xr.Dataset) -> xr.Dataset:
+    """What the map's hover shows at each cell: the predictive median, the 95% interval and
+    P(tile-mean value < the grid's threshold).
+
+    Args:
+        cells: ``mean`` and ``sd`` of log10(value) at one quarter, any shape (e.g. a grid at
+            one quarter warped to Web Mercator), with the grid's attributes: ``units``
+            (``"Mbps"`` or ``"ms"``) and, when it has a ``p_below`` layer, ``threshold``
+            (data units).
+
+    Returns:
+        :data:`READOUT_VARIABLES`, shaped like ``mean``: ``readout_median``,
+        ``readout_lower`` and ``readout_upper`` in data units (``.dbk.to_data_units``) and
+        ``readout_p_below``, a probability (``.dbk.p_below``; left out without a threshold).
+    """
+    median, lower, upper, p_below = READOUT_VARIABLES
+    key = cells.dbk.units.lower()
+    data = cells.dbk.to_data_units()
+    readout = {median: data[f"mean_{key}"], lower: data[f"lower_{key}"], upper: data[f"upper_{key}"]}
+    if "threshold" in cells.attrs:
+        readout[p_below] = cells.dbk.p_below()
+    return xr.Dataset(readout)
