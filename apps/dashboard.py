@@ -11,11 +11,16 @@ between two quarters), and only what follows a click is computed live: the kerne
 the grid cells (one ``GeoModel.kernel_slice``), the predictive distribution there and its
 time series over every fitted quarter (one ``GeoModel.predict_series``).
 
+The map fills the page's width. Under it lies an OpenStreetMap basemap (CARTO's light tiles,
+through ``holoviews.element.tiles``) that a check box hides, and hovering it reads out the
+cell's predictive median, 95% interval and P(below the threshold) at the map's quarter.
+
 Arguments after ``--args``: ``--run DIR`` (repeatable; default ``$GEODBK_RUN`` or
-``outputs/demo``), ``--offline`` (no basemap tiles; ``GEODBK_OFFLINE=1`` does the same) and
-``--polygons FILE`` (default ``$GEODBK_POLYGONS``): a polygon file (counties, tracts; GeoJSON,
-shapefile zip, GeoPackage, GeoParquet) whose polygons meeting the model's region get an area
-summary table (:func:`geodbk.maps.summaries.summarize_polygons`) for the slider's quarter.
+``outputs/demo``), ``--no-basemap`` (no tiles, for offline use: the page then makes no request
+outside its server) and ``--polygons FILE`` (default ``$GEODBK_POLYGONS``): a polygon file
+(counties, tracts; GeoJSON, shapefile zip, GeoPackage, GeoParquet) whose polygons meeting the
+model's region get an area summary table (:func:`geodbk.maps.summaries.summarize_polygons`)
+for the slider's quarter.
 
 The page holds widgets, layout and callbacks only: what it shows is computed by
 :mod:`geodbk.viewer` (run-folder catalog, grid cells, kernel slices, units, layers), and its
@@ -37,7 +42,16 @@ import numpy as np
 import pandas as pd
 import panel as pn
 import xarray as xr
-from dashboard_views import URBAN_COLOURS, density_plot, kernel_slice_plot, raster_hover, series_plot, vector_overlay
+from dashboard_views import (
+    URBAN_COLOURS,
+    basemap_tiles,
+    density_plot,
+    kernel_slice_plot,
+    raster_hover,
+    readout_tooltips,
+    series_plot,
+    vector_overlay,
+)
 from holoviews import streams
 
 from geodbk.errors import GeodbkError
@@ -55,6 +69,7 @@ from geodbk.viewer import (
     colour_limits,
     grid_cells_lonlat,
     grid_quarters,
+    grid_units,
     layer_cmap,
     layer_label,
     layer_options,
@@ -73,13 +88,15 @@ from geodbk.viewer import (
     tiles_geojson,
     tiles_in_quarter,
 )
+from geodbk.viewer.units import cell_readout
 
 hv.extension("bokeh")
 pn.extension(notifications=False)
 
 DEFAULT_RUN = Path("outputs/demo")
 TARGETS = ("download", "upload", "latency")
-MAP_WIDTH, MAP_HEIGHT = 620, 400
+PANEL_WIDTH = 620  # pixels: the area summary and the PI-width violin (the map fills the page width)
+MAP_MIN_HEIGHT, MAP_MAX_HEIGHT = 300, 720  # pixels: the map's height follows its width and the region's shape
 SIDE_WIDTH = 430
 OOKLA_ATTRIBUTION = (
     "Speedtest® by Ookla® Global Fixed and Mobile Network Performance Maps. Based on analysis "
@@ -91,12 +108,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """Arguments given after ``panel serve apps/dashboard.py --args``."""
     parser = argparse.ArgumentParser(prog="dashboard.py")
     parser.add_argument("--run", action="append", type=Path, help="run folder (repeatable)")
-    parser.add_argument("--offline", action="store_true", help="never load basemap tiles")
+    parser.add_argument("--no-basemap", action="store_true", help="no basemap tiles (for offline use)")
     parser.add_argument("--polygons", type=Path, help="polygon file for the area summary table")
     args, _ = parser.parse_known_args(argv)
     if not args.run:
         args.run = [Path(os.environ.get("GEODBK_RUN", DEFAULT_RUN))]
-    args.offline = args.offline or os.environ.get("GEODBK_OFFLINE", "") not in ("", "0")
     if args.polygons is None and os.environ.get("GEODBK_POLYGONS"):
         args.polygons = Path(os.environ["GEODBK_POLYGONS"])
     return args
@@ -106,9 +122,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 class Dashboard:
     """Widgets, the map with its Tap stream, and the panels that follow a click."""
 
-    def __init__(self, catalog: Catalog, *, offline: bool, polygons: Path | None = None) -> None:
+    def __init__(self, catalog: Catalog, *, basemap: bool, polygons: Path | None = None) -> None:
         self.catalog = catalog
-        self.offline = offline
         self.polygons = polygons
         targets = [t for t in TARGETS if catalog.for_target(t)] or ["download"]
         self.target = pn.widgets.Select(
@@ -138,9 +153,13 @@ class Dashboard:
         overlays = ["observed tiles", "urban/rural", "region outline"] + (["polygons"] if polygons else [])
         self.overlays = pn.widgets.CheckBoxGroup(
             name="Overlays",
-            options=overlays + ([] if offline else ["basemap"]),
-            value=["region outline"] + (["polygons"] if polygons else []) + ([] if offline else ["basemap"]),
+            options=overlays,
+            value=["region outline"] + (["polygons"] if polygons else []),
             inline=True,
+        )
+        # without a basemap (--no-basemap) there is nothing to toggle
+        self.basemap = pn.widgets.Checkbox(
+            name="basemap (OpenStreetMap, CARTO)", value=True, visible=basemap, css_classes=["geodbk-basemap"]
         )
         self.slice_kind = pn.widgets.RadioButtonGroup(
             name="Kernel slice", options=["correlation", "covariance"], value="correlation", width=SIDE_WIDTH
@@ -149,8 +168,11 @@ class Dashboard:
             "", alert_type="warning", visible=False, width=SIDE_WIDTH * 2, css_classes=["geodbk-notice"]
         )
         self.problems = pn.pane.Alert(  # model files or folders that did not load, one line each
-            "\n".join(f"- {p}" for p in catalog.problems), alert_type="warning", visible=bool(catalog.problems),
-            width=SIDE_WIDTH * 2, css_classes=["geodbk-problems"],
+            "\n".join(f"- {p}" for p in catalog.problems),
+            alert_type="warning",
+            visible=bool(catalog.problems),
+            width=SIDE_WIDTH * 2,
+            css_classes=["geodbk-problems"],
         )
         self.geotiff = pn.widgets.FileDownload(
             label="GeoTIFF of the map", button_type="primary", width=190, embed=False
@@ -179,10 +201,16 @@ class Dashboard:
             hv.DynamicMap(pn.bind(self._vector_layers, self.model, self.quarter, self.overlays)),
             hv.DynamicMap(self._reference_marker, streams=[self.tap]),
         ]
-        if not offline:
-            layers.insert(0, hv.DynamicMap(pn.bind(self._basemap, self.overlays)))
+        if basemap:
+            layers.insert(0, hv.DynamicMap(pn.bind(basemap_tiles, self.basemap)))
         self.map = functools.reduce(operator.mul, layers).opts(
-            width=MAP_WIDTH, height=MAP_HEIGHT, xaxis=None, yaxis=None, data_aspect=1, active_tools=["wheel_zoom"]
+            responsive=True,
+            data_aspect=1,
+            min_height=MAP_MIN_HEIGHT,
+            max_height=MAP_MAX_HEIGHT,
+            xaxis=None,
+            yaxis=None,
+            active_tools=["wheel_zoom"],
         )
         self.map_title = pn.pane.Markdown(
             pn.bind(self._map_title, self.model, self.layer, self.map_quarter),
@@ -213,7 +241,8 @@ class Dashboard:
             self.notice.visible = False
         else:
             self.notice.object = (
-                f"No model in this run was trained on **{self.target.value}** (it has: {', '.join(self.catalog.targets)}). "
+                f"No model in this run was trained on **{self.target.value}** "
+                f"(it has: {', '.join(self.catalog.targets)}). "
                 f"Fit one with `geodbk demo --target {self.target.value} --out outputs/demo-{self.target.value}` "
                 f"and serve both: `geodbk serve --run outputs/demo --run outputs/demo-{self.target.value}`."
             )
@@ -306,7 +335,8 @@ class Dashboard:
         layer = resolve_layer(layer_key, grid)
         when = self._quarter(fit) if layer.per_quarter else f"change {change_span(grid)}"
         when = f" · {when}" if when else ""
-        return f"**{fit.kind}** · {layer_label(layer, grid)}{when} · click the map to see the kernel slice and time series there"
+        click = "click the map to see the kernel slice and time series there"
+        return f"**{fit.kind}** · {layer_label(layer, grid)}{when} · {click}"
 
     def _shown_tiles_geojson(self) -> io.BytesIO:
         fit = self.fit
@@ -325,12 +355,9 @@ class Dashboard:
         return io.BytesIO(summary.to_csv(index=False).encode("utf-8"))
 
     # -- the map ---------------------------------------------------------------------------
-    @staticmethod
-    def _basemap(overlays: list[str]) -> hv.Tiles:
-        return hv.element.tiles.CartoLight().opts(alpha=1.0 if "basemap" in overlays else 0.0)
-
     def _raster(self, fit: Fit | None, layer_key: str, clim: tuple[float, float], quarter_value: str) -> hv.Image:
-        """The selected grid variable of the selected model at the slider's quarter, in Web Mercator."""
+        """The selected grid variable of the selected model at the slider's quarter, in Web Mercator,
+        carrying the hover readout of each cell at that quarter (change layers included)."""
         if fit is None or fit.grid() is None:
             return hv.Image([])
         grid = fit.grid()
@@ -338,10 +365,26 @@ class Dashboard:
         name = layer_variable(layer, grid)
         units = grid[name].attrs.get("units", "")
         label = f"{layer_label(layer, grid)} [{units}]"
-        quarter = self._quarter(fit) if layer.per_quarter else None
-        return hv.Image(fit.mercator_layer(name, quarter), kdims=["x", "y"], vdims=[hv.Dimension(name, label=label)]).opts(
-            cmap=layer_cmap(layer, grid), logz=layer.logz, clim=tuple(clim), colorbar=True, alpha=0.85,
-            **raster_hover(label),
+        quarter = self._quarter(fit)
+        cells = xr.Dataset(
+            {"mean": fit.mercator_layer("mean", quarter), "sd": fit.mercator_layer("sd", quarter)}, attrs=grid.attrs
+        )
+        readout = cell_readout(cells)
+        shown = readout.assign({name: fit.mercator_layer(name, quarter if layer.per_quarter else None)})
+        readout_lines = readout_tooltips(
+            readout,
+            units=grid_units(grid)[1],
+            quarter=quarter,
+            p_below_label=layer_label(LAYER_BY_KEY["p_below"], grid),
+        )
+        vdims = [hv.Dimension(name, label=label), *readout.data_vars]
+        return hv.Image(shown, kdims=["x", "y"], vdims=vdims).opts(
+            cmap=layer_cmap(layer, grid),
+            logz=layer.logz,
+            clim=tuple(clim),
+            colorbar=True,
+            alpha=0.85,
+            **raster_hover(label, readout_lines),
         )
 
     def _vector_layers(self, fit: Fit | None, quarter: str, overlays: list[str]) -> hv.Overlay:
@@ -397,7 +440,9 @@ class Dashboard:
         if not model.has_kernel:  # the knn and dnn baselines
             return pn.Column(
                 self._reference_pane(fit, lon, lat, quarter, point, kind, None),
-                pn.pane.Alert(f"{fit.kind} is not a GP: it has no kernel to slice", alert_type="secondary", width=SIDE_WIDTH),
+                pn.pane.Alert(
+                    f"{fit.kind} is not a GP: it has no kernel to slice", alert_type="secondary", width=SIDE_WIDTH
+                ),
                 density,
             )
         lonlat, inside = grid_cells_lonlat(grid)
@@ -407,8 +452,15 @@ class Dashboard:
             label, title = "ρ(x, x_ref)", f"correlation with ({lon:.4f}, {lat:.4f})"
         else:
             label, title = f"k(x, x_ref) [{slice_units(fit.dataset().units)}]", f"k(·, x_ref) at ({lon:.4f}, {lat:.4f})"
-        plot = kernel_slice_plot(on_cells(grid, inside, values, "k"), (lon, lat), fit.dataset().region.geometry,
-                                 label=label, title=title, width=SIDE_WIDTH, height=260)
+        plot = kernel_slice_plot(
+            on_cells(grid, inside, values, "k"),
+            (lon, lat),
+            fit.dataset().region.geometry,
+            label=label,
+            title=title,
+            width=SIDE_WIDTH,
+            height=260,
+        )
         # text and plots are replaced together, so the text never describes an older click
         return pn.Column(
             self._reference_pane(fit, lon, lat, quarter, point, kind, values),
@@ -430,13 +482,16 @@ class Dashboard:
             )
         text = (
             f"**Reference point** lon {lon:.4f}, lat {lat:.4f}" + (f" · {quarter}" if quarter else "") + "  \n"
-            f"Predicted median **{point.median:.1f} {units}**, 95% PI [{point.lower:.1f}, {point.upper:.1f}] {units}  \n"
+            f"Predicted median **{point.median:.1f} {units}**, "
+            f"95% PI [{point.lower:.1f}, {point.upper:.1f}] {units}  \n"
             f"log10: mean {point.mean:.3f}, sd {point.sd:.3f}, PI width {point.pi_width:.3f}  \n"
             f"{kernel}"
         )
         return pn.pane.Markdown(text, css_classes=["geodbk-ref"], width=SIDE_WIDTH)
 
-    def series_view(self, fit: Fit | None, x: float | None, y: float | None, quarter_value: str) -> pn.viewable.Viewable:
+    def series_view(
+        self, fit: Fit | None, x: float | None, y: float | None, quarter_value: str
+    ) -> pn.viewable.Viewable:
         """The predictive median and 95% band at the clicked point over every fitted quarter (one
         ``predict_series`` call), with the observed tiles within NEAR_KM of it."""
         if fit is None:
@@ -444,15 +499,24 @@ class Dashboard:
         model = fit.model()
         quarters = [str(q) for q in model.meta.get("quarters") or []]
         if model.latest_quarter is None or not quarters:
-            return pn.pane.Alert(f"{fit.kind} is time-free (paper protocol): no time series", alert_type="secondary",
-                                 width=SIDE_WIDTH)
+            return pn.pane.Alert(
+                f"{fit.kind} is time-free (paper protocol): no time series", alert_type="secondary", width=SIDE_WIDTH
+            )
         lon, lat = self._point(fit, x, y)
         series = Series.from_predictions(quarters, model.predict_series(np.array([[lon, lat]]), quarters))
         dataset = fit.dataset()
         observed = observed_near(dataset.frame, lon, lat)
         title = f"time series at ({lon:.4f}, {lat:.4f}): {len(quarters)} quarters"
-        plot = series_plot(series, observed, target=dataset.target, units=dataset.units, title=title,
-                           current=self._quarter(fit), width=SIDE_WIDTH, height=300)
+        plot = series_plot(
+            series,
+            observed,
+            target=dataset.target,
+            units=dataset.units,
+            title=title,
+            current=self._quarter(fit),
+            width=SIDE_WIDTH,
+            height=300,
+        )
         text = (
             f"**Time series** at lon {lon:.4f}, lat {lat:.4f}: {len(quarters)} quarters "
             f"({quarters[0]}–{quarters[-1]}), median {series.median[0]:.1f} → {series.median[-1]:.1f} {dataset.units}; "
@@ -487,17 +551,24 @@ class Dashboard:
         if not fit.model().has_kernel:
             return pn.pane.Alert(
                 f"Area summaries over `{name}` need a GP model (the joint posterior); {fit.kind} is not one.",
-                alert_type="secondary", width=MAP_WIDTH, css_classes=["geodbk-summary-note"],
+                alert_type="secondary",
+                width=PANEL_WIDTH,
+                css_classes=["geodbk-summary-note"],
             )
         quarter = self._quarter(fit)
         try:
             if len(fit.region_polygons(self.polygons)) == 0:
-                return pn.pane.Alert(f"No polygon of `{name}` meets the region of this run.", alert_type="secondary",
-                                     width=MAP_WIDTH, css_classes=["geodbk-summary-note"])
+                return pn.pane.Alert(
+                    f"No polygon of `{name}` meets the region of this run.",
+                    alert_type="secondary",
+                    width=PANEL_WIDTH,
+                    css_classes=["geodbk-summary-note"],
+                )
             summary = fit.polygon_summary(self.polygons, quarter)
         except (GeodbkError, OSError) as err:
-            return pn.pane.Alert(f"No area summary: {err}", alert_type="warning", width=MAP_WIDTH,
-                                 css_classes=["geodbk-summary-note"])
+            return pn.pane.Alert(
+                f"No area summary: {err}", alert_type="warning", width=PANEL_WIDTH, css_classes=["geodbk-summary-note"]
+            )
         units = fit.dataset().units
         threshold = summary["threshold"].iloc[0] if "threshold" in summary else None
         below = f"; share_below = expected share of the area under {threshold:g} {units}" if threshold else ""
@@ -508,8 +579,12 @@ class Dashboard:
         return pn.Column(
             pn.pane.Markdown(heading, css_classes=["geodbk-summary-title"]),
             pn.pane.DataFrame(
-                summary_table(summary, units), index=False, width=MAP_WIDTH, max_height=320,
-                stylesheets=[":host { overflow-y: auto; }"], css_classes=["geodbk-summary"],
+                summary_table(summary, units),
+                index=False,
+                width=PANEL_WIDTH,
+                max_height=320,
+                stylesheets=[":host { overflow-y: auto; }"],
+                css_classes=["geodbk-summary"],
             ),
             self.summary_csv,
         )
@@ -522,7 +597,7 @@ class Dashboard:
             violin_fill_color="urban_rural",
             cmap=URBAN_COLOURS,
             inner="box",
-            width=MAP_WIDTH,
+            width=PANEL_WIDTH,
             height=260,
             toolbar=None,
             title=f"95% PI width at the test tiles by class ({fit.kind})",
@@ -541,20 +616,20 @@ class Dashboard:
                 self.map_quarter,
                 self.clim,
                 self.overlays,
+                self.basemap,
             ),
             self.layer,
+            pn.Column(self.geotiff, self.test_geojson, self.tiles_geojson),
         )
-        downloads = pn.Row(self.geotiff, self.test_geojson, self.tiles_geojson)
         return pn.Column(
             pn.pane.Markdown("## geodbk · Deep Basis Kernel GP maps of mobile internet speed", margin=(0, 10)),
             self.notice,
             self.problems,
+            controls,
+            self.map_title,
+            pn.pane.HoloViews(self.map, sizing_mode="stretch_width", css_classes=["geodbk-map"]),
             pn.Row(
                 pn.Column(
-                    controls,
-                    downloads,
-                    self.map_title,
-                    pn.pane.HoloViews(self.map, css_classes=["geodbk-map"]),
                     pn.bind(self.summary_view, self.model, self.map_quarter),
                     pn.bind(self.pi_width_view, self.model),
                 ),
@@ -565,7 +640,8 @@ class Dashboard:
                     pn.bind(self.metrics_view, self.model),
                 ),
             ),
-            pn.pane.Markdown(f"<small>{OOKLA_ATTRIBUTION}</small>", width=MAP_WIDTH + SIDE_WIDTH),
+            pn.pane.Markdown(f"<small>{OOKLA_ATTRIBUTION}</small>", width=PANEL_WIDTH + SIDE_WIDTH),
+            sizing_mode="stretch_width",
         )
 
 
@@ -583,14 +659,15 @@ def missing_runs_page(catalog: Catalog) -> pn.viewable.Viewable:
     )
 
 
-def create_app(runs: list[Path], *, offline: bool, polygons: Path | None = None) -> pn.viewable.Viewable:
-    """The page for the given run folders (and, optionally, a polygon file to summarise over)."""
+def create_app(runs: list[Path], *, basemap: bool, polygons: Path | None = None) -> pn.viewable.Viewable:
+    """The page for the given run folders, with or without the basemap (and, optionally, a polygon
+    file to summarise over)."""
     catalog = Catalog.scan(runs)
     if not catalog.fits:
         return missing_runs_page(catalog)
-    return Dashboard(catalog, offline=offline, polygons=polygons).view()
+    return Dashboard(catalog, basemap=basemap, polygons=polygons).view()
 
 
 if pn.state.served:
     _args = parse_args(sys.argv[1:])
-    create_app(_args.run, offline=_args.offline, polygons=_args.polygons).servable(title="geodbk dashboard")
+    create_app(_args.run, basemap=not _args.no_basemap, polygons=_args.polygons).servable(title="geodbk dashboard")

@@ -1,5 +1,5 @@
-"""HoloViews plots of the dashboard (``apps/dashboard.py``): the map's vector layers, the kernel
-slice, the predictive density and the time series at a clicked point.
+"""HoloViews plots of the dashboard (``apps/dashboard.py``): the basemap, the map's hover readout
+and vector layers, the kernel slice, the predictive density and the time series at a clicked point.
 
 Each takes plain values (grids, frames, :mod:`geodbk.viewer` objects) and returns HoloViews
 elements; the logic behind them (catalog, cells, units, layers) is in :mod:`geodbk.viewer`.
@@ -7,31 +7,66 @@ elements; the logic behind them (catalog, cells, units, layers) is in :mod:`geod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import holoviews as hv
 import numpy as np
 import pandas as pd
 import shapely
 import xarray as xr
 from bokeh.models import CustomJSHover
+from holoviews.plotting.bokeh.element import ElementPlot
 
 from geodbk.viewer import NEAR_KM, PointPrediction, Series, quarter_dates
 from geodbk.viewer.mercator import lonlat_to_mercator, mercator_raster, outline_paths, with_mercator
+from geodbk.viewer.units import READOUT_VARIABLES
 
 URBAN_COLOURS = {"urban": "#d95f02", "rural": "#1b9e77"}
 
 
-def raster_hover(label: str) -> dict:
-    """Hover options for a Web Mercator ``hv.Image``: lon/lat in degrees (not metres) and the value."""
+def raster_hover(label: str, readout: Sequence[tuple[str, str]] = ()) -> dict:
+    """Hover options for a Web Mercator ``hv.Image``: lon/lat in degrees (not metres), the value,
+    then the ``readout`` lines (see :func:`readout_tooltips`)."""
     radius = 6378137.0  # the spherical Web Mercator radius, metres
     to_degrees = {
         "$x": CustomJSHover(code=f"return (value / {radius} * 180 / Math.PI).toFixed(4)"),
-        "$y": CustomJSHover(code=f"return ((2 * Math.atan(Math.exp(value / {radius})) - Math.PI / 2) * 180 / Math.PI).toFixed(4)"),
+        "$y": CustomJSHover(
+            code=f"return ((2 * Math.atan(Math.exp(value / {radius})) - Math.PI / 2) * 180 / Math.PI).toFixed(4)"
+        ),
     }
     return {
         "tools": ["hover"],
-        "hover_tooltips": [("lon", "$x{custom}"), ("lat", "$y{custom}"), (label, "@image{0.000}")],
+        "hover_tooltips": [("lon", "$x{custom}"), ("lat", "$y{custom}"), (label, "@image{0.000}"), *readout],
         "hover_formatters": to_degrees,
     }
+
+
+def readout_tooltips(
+    readout: xr.Dataset, *, units: str, quarter: str | None, p_below_label: str
+) -> list[tuple[str, str]]:
+    """Hover lines of a :func:`geodbk.viewer.units.cell_readout`, carried by the map's raster as
+    extra value dimensions: the median and 95% interval in ``units`` (Mbps or ms) at ``quarter``,
+    and P(below the threshold) when the readout has it."""
+    median, lower, upper, p_below = READOUT_VARIABLES
+    when = f" ({quarter})" if quarter else ""
+    lines = [
+        (f"median{when}", f"@{median}{{0.0}} {units}"),
+        ("95% interval", f"@{lower}{{0.0}} – @{upper}{{0.0}} {units}"),
+    ]
+    if p_below in readout:
+        lines.append((p_below_label, f"@{p_below}{{0.00}}"))
+    return lines
+
+
+def basemap_tiles(shown: bool) -> hv.Tiles:
+    """CARTO's light OpenStreetMap tiles under the map; when not ``shown`` their renderer is
+    hidden (not drawn). Offline, serve with ``--no-basemap``: BokehJS still fetches a hidden
+    layer's tiles."""
+
+    def show(plot: ElementPlot, element: hv.Tiles) -> None:
+        plot.handles["glyph_renderer"].visible = shown
+
+    return hv.element.tiles.CartoLight().opts(hooks=[show])
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -71,8 +106,14 @@ def vector_overlay(
 
 
 def kernel_slice_plot(
-    k_slice: xr.DataArray, ref: tuple[float, float], region: shapely.Geometry, *, label: str, title: str,
-    width: int, height: int,
+    k_slice: xr.DataArray,
+    ref: tuple[float, float],
+    region: shapely.Geometry,
+    *,
+    label: str,
+    title: str,
+    width: int,
+    height: int,
 ) -> hv.Overlay:
     """A kernel slice (2-D grid variable) with the region outline and its reference point: a
     diverging map centred on 0 when the slice changes sign, else a sequential one."""
@@ -134,7 +175,11 @@ def series_plot(
         [hv.Dimension("series_lower", label=y_label), "series_upper"],
         label="95% PI",
     ).opts(color="#9ecae1", alpha=0.6, line_alpha=0)
-    hover = [("quarter", "@quarter"), ("median", "@series_median{0.0}"), ("95% PI", "@series_lower{0.0} - @series_upper{0.0}")]
+    hover = [
+        ("quarter", "@quarter"),
+        ("median", "@series_median{0.0}"),
+        ("95% PI", "@series_lower{0.0} - @series_upper{0.0}"),
+    ]
     curve = hv.Curve(
         (dates, series.median, labels, series.lower, series.upper),
         x,
@@ -151,8 +196,13 @@ def series_plot(
         size=5,
         alpha=0.8,
         tools=["hover"],
-        hover_tooltips=[("quarter", "@quarter_label"), (y_label, "@observed_value{0.0}"), ("tests", "@tests"),
-                        ("split", "@split"), ("distance", "@distance_km{0.00} km")],
+        hover_tooltips=[
+            ("quarter", "@quarter_label"),
+            (y_label, "@observed_value{0.0}"),
+            ("tests", "@tests"),
+            ("split", "@split"),
+            ("distance", "@distance_km{0.00} km"),
+        ],
     )
     layers = band * curve * points
     if current in series.quarters:
@@ -161,11 +211,23 @@ def series_plot(
     low, high = float(values.min()) / 1.25, float(values.max()) * 1.25
     pad = pd.Timedelta(days=45)
     step = max(1, int(np.ceil(len(dates) / 6)))  # at most about six quarter labels
-    xticks = [(date.value / 1e6, label) for date, label in zip(dates[::-step][::-1], labels[::-step][::-1], strict=True)]
+    xticks = [
+        (date.value / 1e6, label) for date, label in zip(dates[::-step][::-1], labels[::-step][::-1], strict=True)
+    ]
     return layers.opts(
-        width=width, height=height, logy=True, toolbar=None, title=title, show_legend=True,
-        legend_position="bottom", legend_cols=3, ylabel=y_label, xticks=xticks, yticks=log_ticks(low, high),
-        xlim=(dates.min() - pad, dates.max() + pad), ylim=(low, high),
+        width=width,
+        height=height,
+        logy=True,
+        toolbar=None,
+        title=title,
+        show_legend=True,
+        legend_position="bottom",
+        legend_cols=3,
+        ylabel=y_label,
+        xticks=xticks,
+        yticks=log_ticks(low, high),
+        xlim=(dates.min() - pad, dates.max() + pad),
+        ylim=(low, high),
     )
 
 

@@ -2,12 +2,13 @@
 
 A session fixture builds a tiny run folder through the public API (three quarters of the
 Puerto Rico sample, a small GP and the knn baseline, a coarse grid), serves
-``apps/dashboard.py`` with ``panel serve`` on a free loopback port in a subprocess, and the
-tests load the page, check what renders, move the quarter slider, switch map layers, click the
-map (kernel slice, time series), read the polygon summary table (a second server with
-``--polygons``), and download files. The browser may only talk to 127.0.0.1: every other
-request is aborted and recorded, and a test fails if one was attempted, or if the page logged
-a JS error.
+``apps/dashboard.py`` with ``panel serve`` on a free loopback port in a subprocess, with
+``--no-basemap`` (CI has no network), and the tests load the page, check what renders, move the
+quarter slider, switch map layers, click the map (kernel slice, time series), read the hover
+readout, read the polygon summary table (a second server with ``--polygons``), and download
+files. The browser may only talk to 127.0.0.1: every other request is aborted and recorded, and
+a test fails if one was attempted, or if the page logged a JS error. One more server keeps the
+basemap on: its tile requests are answered in the browser with a blank tile, never sent.
 
 When Chromium is missing the tests skip, except under CI (env ``CI`` set), where they fail.
 """
@@ -28,6 +29,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
+import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -106,14 +108,17 @@ def free_port() -> int:
 
 
 class Server:
-    """``panel serve apps/dashboard.py`` on a loopback port, in a subprocess."""
+    """``panel serve apps/dashboard.py`` on a loopback port, in a subprocess, without the basemap
+    unless ``basemap``."""
 
-    def __init__(self, run: Path, log: Path, *, via_cli: bool = False, polygons: Path | None = None) -> None:
+    def __init__(
+        self, run: Path, log: Path, *, via_cli: bool = False, polygons: Path | None = None, basemap: bool = False
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/dashboard"
-        env = {**os.environ, "GEODBK_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         if via_cli:  # the same server through `geodbk serve`
-            cmd = [sys.executable, "-m", "geodbk", "serve", "--run", str(run), "--port", str(self.port), "--offline"]
+            cmd = [sys.executable, "-m", "geodbk", "serve", "--run", str(run), "--port", str(self.port)]
         else:
             cmd = [
                 sys.executable, "-m", "panel", "serve", str(APP),
@@ -123,6 +128,8 @@ class Server:
             ]  # fmt: skip
             if polygons is not None:
                 cmd += ["--polygons", str(polygons)]
+        if not basemap:
+            cmd.append("--no-basemap")
         self.log = log
         self._log_file = log.open("w")
         self.process = subprocess.Popen(
@@ -166,7 +173,9 @@ class Server:
         for entry in re.split(r"\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", self.log.read_text()):
             if "WebSocketClosedError" in entry and "Task exception was never retrieved" in entry:
                 continue
-            errors += [line for line in entry.splitlines() if "Traceback" in line or "Error running application" in line]
+            errors += [
+                line for line in entry.splitlines() if "Traceback" in line or "Error running application" in line
+            ]
         return errors
 
 
@@ -203,6 +212,17 @@ def polygon_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def polygon_server(run_folder: Path, polygon_file: Path, tmp_path_factory: pytest.TempPathFactory):
     """The same page with ``--polygons``: an area summary table under the map."""
     srv = Server(run_folder, tmp_path_factory.mktemp("serve-polygons") / "panel.log", polygons=polygon_file)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def basemap_server(run_folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The same page with its basemap on (no ``--no-basemap``)."""
+    srv = Server(run_folder, tmp_path_factory.mktemp("serve-basemap") / "panel.log", basemap=True)
     try:
         srv.wait_ready()
         yield srv
@@ -384,8 +404,6 @@ def bokeh_models(page) -> dict:
 
 def tiles_within_km(frame, lon: float, lat: float, km: float) -> int:
     """Rows of the dataset (every split and quarter) whose tile centre is within ``km`` (haversine)."""
-    import numpy as np
-
     phi, phi0 = np.radians(frame["lat"].to_numpy()), np.radians(lat)
     dlon = np.radians(frame["lon"].to_numpy() - lon)
     half = np.sin((phi - phi0) / 2) ** 2 + np.cos(phi) * np.cos(phi0) * np.sin(dlon / 2) ** 2
@@ -661,6 +679,163 @@ def test_polygon_summary_table_follows_the_model_and_quarter(polygon_server, pag
     assert polygon_server.app_errors() == []
 
 
+def hover_rows(page, fx: float, fy: float) -> dict[str, str]:
+    """Move the mouse to fractions (fx, fy) of the map's canvas; the hover tooltip's rows, label -> value."""
+    box = page.locator(MAP_CANVAS).first.bounding_box()
+    page.mouse.move(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
+    tooltip = page.locator(".bk-tooltip-content", has_text="lat:").first
+    tooltip.wait_for(state="visible")
+    labels, values = tooltip.locator(".bk-tooltip-row-label"), tooltip.locator(".bk-tooltip-row-value")
+    return {
+        label.strip().rstrip(":"): value.strip()
+        for label, value in zip(labels.all_inner_texts(), values.all_inner_texts(), strict=True)
+    }
+
+
+def numbers(text: str) -> list[float]:
+    return [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", text)]
+
+
+def test_hover_reads_out_the_cells_median_interval_and_p_below(server, page_and_log, run_folder):
+    """The tooltip at the cursor gives the predictive median, the 95% interval in Mbps and
+    P(download < 35 Mbps) of the map's cell there: the model's prediction at that cell's centre
+    for the map's quarter, back-transformed by geodbk.prediction."""
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.maps.stores import open_grid
+    from geodbk.prediction import probability_below, to_data_units
+
+    page, log = page_and_log
+    open_dashboard(page, server)
+    model = GeoModel.load(run_folder / "models" / f"{KINDS[0]}.pt")
+    with open_grid(run_folder / "maps" / f"{KINDS[0]}.nc") as grid:
+        x, y, threshold = grid["x"].to_numpy(), grid["y"].to_numpy(), float(grid.attrs["threshold"])
+    # somewhere over land (over the sea the readout is NaN)
+    for fx, fy in ((0.30, 0.50), (0.40, 0.45), (0.20, 0.55), (0.35, 0.60), (0.45, 0.40)):
+        rows = hover_rows(page, fx, fy)
+        if "NaN" not in rows[f"median ({QUARTER})"]:
+            break
+    else:
+        pytest.fail(f"no hover over land: {rows}")
+    assert set(rows) >= {"lon", "lat", f"median ({QUARTER})", "95% interval", "P(download < 35 Mbps)"}, rows
+    assert rows[f"median ({QUARTER})"].endswith(" Mbps") and rows["95% interval"].endswith(" Mbps")
+    (median,), (lower, upper), (p_below,) = (
+        numbers(rows[f"median ({QUARTER})"]), numbers(rows["95% interval"]), numbers(rows["P(download < 35 Mbps)"])
+    )  # fmt: skip
+    assert 0 < lower < median < upper and 0 <= p_below <= 1
+    # the cell under the cursor (or, at a cell's edge, its neighbour) has exactly these values
+    lon, lat = float(rows["lon"]), float(rows["lat"])
+    near = [(cx, cy) for cx in x[np.argsort(np.abs(x - lon))[:2]] for cy in y[np.argsort(np.abs(y - lat))[:2]]]
+    prediction = model.predict(np.array(near), QUARTER)
+    expected = np.column_stack(
+        [
+            *to_data_units(prediction.mean, prediction.sd),
+            probability_below(prediction.mean, prediction.sd, np.log10(threshold)),
+        ]
+    )
+    shown = np.array([median, lower, upper, p_below])
+    tolerance = np.array([0.05, 0.05, 0.05, 0.005]) + 1e-4  # the tooltip rounds to 0.1 Mbps and 0.01
+    assert (np.abs(expected - shown) <= tolerance).all(axis=1).any(), (rows, near, expected)
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []
+
+
+BASEMAP_TOGGLE = ".geodbk-basemap"
+
+
+def tile_renderers_visible(page) -> list[bool]:
+    """``visible`` of each Bokeh TileRenderer on the page (the basemap layer)."""
+    return page.evaluate(
+        """() => {
+            const out = [];
+            for (const doc of Bokeh.documents) {
+                for (const model of doc.all_models) if (model.type === "TileRenderer") out.push(model.visible);
+            }
+            return out;
+        }"""
+    )
+
+
+def wait_for_tile_renderers(page, visible: list[bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (now := tile_renderers_visible(page)) != visible:
+        assert time.monotonic() < deadline, f"tile renderers {now}, not {visible}"
+        page.wait_for_timeout(200)
+
+
+def blank_png() -> bytes:
+    """A 1 x 1 white PNG, the tile every basemap request gets in these tests."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)  # 1 x 1, 8-bit RGB
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00\xff\xff\xff"))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_basemap_is_on_by_default_and_its_check_box_hides_it(basemap_server, page_and_log):
+    """Without --no-basemap the map asks CARTO for OpenStreetMap tiles (answered here in the
+    browser, never sent); unchecking the basemap box hides the tile layer, checking it shows it again."""
+    import holoviews as hv
+
+    page, log = page_and_log
+    tile_url = hv.element.tiles.CartoLight().data.split("{Z}")[0]  # https://.../light_all/
+    requested: list[str] = []
+
+    def blank_tile(route) -> None:
+        requested.append(route.request.url)
+        route.fulfill(status=200, content_type="image/png", body=blank_png())
+
+    page.route(f"{tile_url}**", blank_tile)  # the last route added is tried first
+    open_dashboard(page, basemap_server)
+    assert page.get_by_text("basemap (OpenStreetMap, CARTO)").is_visible()
+    toggle = page.locator(f"{BASEMAP_TOGGLE} input[type=checkbox]")
+    assert toggle.is_checked()
+    wait_for_tile_renderers(page, [True])
+    deadline = time.monotonic() + 60
+    while not requested:
+        assert time.monotonic() < deadline, "the basemap asked for no tile"
+        page.wait_for_timeout(200)
+    # hidden: the tile layer is not drawn (BokehJS still fetches tiles for a hidden layer)
+    toggle.uncheck()
+    wait_for_tile_renderers(page, [False])
+    toggle.check()
+    wait_for_tile_renderers(page, [True])
+    assert log.problems() == [], log.problems()
+    assert basemap_server.app_errors() == []
+
+
+def test_without_a_basemap_the_page_has_no_tile_layer_and_no_toggle(server, page_and_log):
+    page, log = page_and_log
+    open_dashboard(page, server)
+    assert tile_renderers_visible(page) == []
+    assert not page.locator(BASEMAP_TOGGLE).is_visible()
+    assert log.problems() == [], log.problems()
+
+
+def test_the_map_fills_the_page_width(server, page_and_log):
+    page, log = page_and_log
+    open_dashboard(page, server)
+    width = page.evaluate("() => document.documentElement.clientWidth")
+    box = page.locator(MAP_CANVAS).first.bounding_box()
+    assert box["width"] > 0.9 * width, (box, width)
+    page.set_viewport_size({"width": 1600, "height": 1300})
+    try:
+        deadline = time.monotonic() + 30
+        while (wider := page.locator(MAP_CANVAS).first.bounding_box())["width"] < 0.9 * 1600:
+            assert time.monotonic() < deadline, f"the map did not follow the window: {wider}"
+            page.wait_for_timeout(200)
+    finally:
+        page.set_viewport_size({"width": 1180, "height": 1300})
+    assert log.problems() == [], log.problems()
+
+
 def test_dashboard_takes_polygons_from_its_flag_or_the_environment(monkeypatch, tmp_path):
     import importlib.util
 
@@ -675,6 +850,8 @@ def test_dashboard_takes_polygons_from_its_flag_or_the_environment(monkeypatch, 
     monkeypatch.setenv("GEODBK_POLYGONS", str(tmp_path / "b.geojson"))
     assert app.parse_args(["--run", "r"]).polygons == tmp_path / "b.geojson"
     assert app.parse_args(["--polygons", "a.geojson"]).polygons == Path("a.geojson")  # the flag wins
+    assert app.parse_args(["--run", "r"]).no_basemap is False
+    assert app.parse_args(["--run", "r", "--no-basemap"]).no_basemap is True
 
 
 def test_missing_chromium_skips_locally_but_fails_in_ci(monkeypatch):

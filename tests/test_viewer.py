@@ -23,7 +23,7 @@ import rioxarray  # noqa: F401
 import shapely
 import xarray as xr
 
-from geodbk.prediction import Prediction, to_data_units
+from geodbk.prediction import Prediction, probability_below, to_data_units
 from geodbk.viewer import (
     ALL_QUARTERS,
     LAYER_BY_KEY,
@@ -311,8 +311,14 @@ def test_colour_limits():
 # --- tables ------------------------------------------------------------------------------------
 def test_summary_and_metrics_tables(tmp_path):
     summary = pd.DataFrame(
-        {"GEOID": ["1", "2"], "median_mbps": [40.04, 12.34], "lower_mbps": [20.0, 5.0], "upper_mbps": [80.0, 30.0],
-         "cells": [3, 4], "extra": [0, 0]}
+        {
+            "GEOID": ["1", "2"],
+            "median_mbps": [40.04, 12.34],
+            "lower_mbps": [20.0, 5.0],
+            "upper_mbps": [80.0, 30.0],
+            "cells": [3, 4],
+            "extra": [0, 0],
+        }
     )
     table = summary_table(summary, "Mbps")
     assert list(table.columns) == ["GEOID", "median_mbps", "lower_mbps", "upper_mbps", "cells"]
@@ -331,8 +337,9 @@ def run_folder(tmp_path_factory) -> Path:
     from geodbk.workflow import DemoConfig, run_demo
 
     run = tmp_path_factory.mktemp("viewer") / "run"
-    config = DemoConfig(quarters=QUARTERS[1:], models=("dbk-rbf", "knn"), epochs=1, resolution=0.05, device="cpu",
-                        progress=False)
+    config = DemoConfig(
+        quarters=QUARTERS[1:], models=("dbk-rbf", "knn"), epochs=1, resolution=0.05, device="cpu", progress=False
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the knn baseline extrapolates at a few coastal cells
         run_demo(run, config, echo=lambda line: None)
@@ -399,5 +406,98 @@ def test_a_model_file_that_does_not_load_is_one_line_and_the_others_stay(run_fol
     spec = importlib.util.spec_from_file_location("dashboard_app", REPO / "apps" / "dashboard.py")
     app = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app)
-    page = app.Dashboard(catalog, offline=True)
+    page = app.Dashboard(catalog, basemap=False)
     assert page.problems.visible and "broken.pt" in page.problems.object
+
+
+# --- the map's hover readout and the serve command ----------------------------------------------
+def test_cell_readout_is_the_back_transform_and_p_below_of_each_cell():
+    from geodbk.viewer.units import READOUT_VARIABLES, cell_readout
+
+    mean = np.array([[1.0, 1.5], [np.nan, 2.0]])
+    sd = np.array([[0.1, 0.3], [np.nan, 0.2]])
+    cells = xr.Dataset({"mean": (("y", "x"), mean), "sd": (("y", "x"), sd)}, attrs={"units": "Mbps", "threshold": 35.0})
+    readout = cell_readout(cells)
+    assert list(readout.data_vars) == list(READOUT_VARIABLES)
+    median, lower, upper = to_data_units(mean, sd)
+    np.testing.assert_allclose(readout["readout_median"], median)
+    np.testing.assert_allclose(readout["readout_lower"], lower)
+    np.testing.assert_allclose(readout["readout_upper"], upper)
+    np.testing.assert_allclose(readout["readout_p_below"], probability_below(mean, sd, np.log10(35.0)))
+    assert np.isnan(readout["readout_median"][1, 0])  # outside the region
+    # a latency grid in ms, without a threshold: no P(below)
+    latency = cell_readout(xr.Dataset(dict(cells.data_vars), attrs={"units": "ms"}))
+    assert list(latency.data_vars) == list(READOUT_VARIABLES[:3])
+    np.testing.assert_allclose(latency["readout_median"], median)
+
+
+def test_geodbk_serve_no_basemap_reaches_the_app(run_folder, monkeypatch):
+    import subprocess
+
+    from geodbk.cli import main
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda executable, cmd: launched.append(cmd))
+    monkeypatch.setattr(subprocess, "call", lambda cmd: 0)
+    for flags in ([], ["--no-basemap"]):
+        assert main(["serve", "--run", str(run_folder), "--port", "5999", *flags]) == 0
+    with_basemap, without = launched
+    assert "--no-basemap" not in with_basemap
+    app_args = without[without.index("--args") + 1 :]
+    assert app_args == ["--run", str(run_folder.resolve()), "--no-basemap"]
+
+
+def dashboard_app(monkeypatch):
+    """``apps/dashboard.py`` imported as a module (it imports its sibling dashboard_views)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(REPO / "apps"))
+    spec = importlib.util.spec_from_file_location("dashboard_app", REPO / "apps" / "dashboard.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    return app
+
+
+def test_dashboard_map_has_a_basemap_layer_only_when_asked(run_folder, monkeypatch):
+    import holoviews as hv
+
+    app = dashboard_app(monkeypatch)
+    catalog = Catalog.scan([run_folder])
+    for basemap in (True, False):
+        page = app.Dashboard(catalog, basemap=basemap)
+        rendered = hv.render(page.map)
+        tiles = [r for r in rendered.renderers if type(r).__name__ == "TileRenderer"]
+        assert len(tiles) == int(basemap) and page.basemap.visible is basemap
+        assert rendered.sizing_mode != "fixed"  # the map follows the page's width
+    shown = app.Dashboard(catalog, basemap=True)  # the toggle hides its tile layer
+    shown.basemap.value = False
+    assert [r.visible for r in hv.render(shown.map).renderers if type(r).__name__ == "TileRenderer"] == [False]
+
+
+def test_dashboard_raster_carries_the_saved_grids_data_units_and_p_below(run_folder, monkeypatch):
+    """The hover readout of every map pixel equals the grid's own mean_mbps, lower_mbps,
+    upper_mbps and p_below layers there (written by the maps schema from the model's prediction)."""
+    app = dashboard_app(monkeypatch)
+    page = app.Dashboard(Catalog.scan([run_folder]), basemap=False)
+    fit = page.fit
+    image = page._raster(fit, "sd", (0.0, 1.0), QUARTERS[-1])
+    assert [d.name for d in image.vdims] == [
+        "sd",
+        "readout_median",
+        "readout_lower",
+        "readout_upper",
+        "readout_p_below",
+    ]
+    for readout, saved in (
+        ("median", "mean_mbps"),
+        ("lower", "lower_mbps"),
+        ("upper", "upper_mbps"),
+        ("p_below", "p_below"),
+    ):
+        expected = fit.mercator_layer(saved, QUARTERS[-1]).to_numpy()
+        assert np.isfinite(expected).sum() > 10
+        np.testing.assert_allclose(image.data[f"readout_{readout}"].to_numpy(), expected, rtol=1e-5, atol=1e-6)
+    tooltips = dict(image.opts.get("plot").kwargs["hover_tooltips"])
+    assert tooltips[f"median ({QUARTERS[-1]})"] == "@readout_median{0.0} Mbps"
+    assert tooltips["95% interval"] == "@readout_lower{0.0} – @readout_upper{0.0} Mbps"
+    assert tooltips["P(download < 35 Mbps)"] == "@readout_p_below{0.00}"

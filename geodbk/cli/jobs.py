@@ -23,8 +23,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="open the interactive Panel dashboard",
         description="Serve apps/dashboard.py with `panel serve` over one or more run folders "
-        "(written by `geodbk demo`). Click the map to see the kernel slice and the predictive "
-        "distribution at that point.",
+        "(written by `geodbk demo`), over an OpenStreetMap basemap. Hover the map for a cell's "
+        "median, 95% interval and P(below the threshold); click it to see the kernel slice and the "
+        "predictive distribution at that point.",
         epilog="example: geodbk serve --run outputs/demo --port 5006 --show",
     )
     p.add_argument("--run", action="append", metavar="DIR",
@@ -32,8 +33,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=5006, help="port to listen on (default 5006)")
     p.add_argument("--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--show", action="store_true", help="open the page in a web browser")
-    p.add_argument("--offline", action="store_true",
-                   help="no basemap tiles (the page then makes no request outside this server)")
+    p.add_argument("--no-basemap", action="store_true",
+                   help="no basemap tiles, for offline use (the page then makes no request outside this server)")
     p.add_argument("--polygons", metavar="PATH",
                    help="polygon file (counties, tracts, GeoJSON/shapefile/GeoParquet) for an area summary table")
     p.set_defaults(handler=_run_serve)
@@ -60,21 +61,22 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.show:
         cmd.append("--show")
     cmd += ["--args"] + [item for run in runs for item in ("--run", run)]
+    if args.no_basemap:
+        cmd.append("--no-basemap")
     if args.polygons:
         from geodbk.ingest.regions import read_polygons
 
         read_polygons(args.polygons, what="polygon")  # refused here in one line, not on the page
         cmd += ["--polygons", str(Path(args.polygons).resolve())]
-    env = {**os.environ, **({"GEODBK_OFFLINE": "1"} if args.offline else {})}
     missing = [run for run in runs if not (Path(run) / "dataset.parquet").exists()]
     if missing:
         print(f"geodbk serve: no run folder at {', '.join(missing)}; build one with "
               "`geodbk demo --out outputs/demo` (the page says so too)", file=sys.stderr)
     print(f"geodbk serve: http://{args.address}:{args.port}/dashboard (Ctrl-C to stop)", file=sys.stderr, flush=True)
     if os.name == "posix":  # become the server, so that signals (Ctrl-C, kill) reach it directly
-        os.execve(sys.executable, cmd, env)
+        os.execv(sys.executable, cmd)
     try:
-        return subprocess.call(cmd, env=env)
+        return subprocess.call(cmd)
     except KeyboardInterrupt:
         return 0
 
