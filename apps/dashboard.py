@@ -65,6 +65,7 @@ from geodbk.viewer import (
     Layer,
     PointPrediction,
     Series,
+    cell_readout,
     change_span,
     colour_limits,
     grid_cells_lonlat,
@@ -88,7 +89,6 @@ from geodbk.viewer import (
     tiles_geojson,
     tiles_in_quarter,
 )
-from geodbk.viewer.units import cell_readout
 
 hv.extension("bokeh")
 pn.extension(notifications=False)
@@ -497,7 +497,7 @@ class Dashboard:
         if fit is None:
             return pn.pane.Markdown("")
         model = fit.model()
-        quarters = [str(q) for q in model.meta.get("quarters") or []]
+        quarters = list(model.info.quarters)
         if model.latest_quarter is None or not quarters:
             return pn.pane.Alert(
                 f"{fit.kind} is time-free (paper protocol): no time series", alert_type="secondary", width=SIDE_WIDTH

@@ -170,7 +170,7 @@ def quarter_worker(model_path: str, size: int, n_quarters: int, out_dir: str, re
     from geodbk.maps.predict import predict_grid
 
     model = GeoModel.load(model_path)
-    labels, note = quarter_labels(list(model.meta["quarters"]), n_quarters)
+    labels, note = quarter_labels(list(model.info.quarters), n_quarters)
     region, grid, side = _square_grid(size)
     ref_points = REF_POINTS if refs else None
     store = str(Path(out_dir) / f"grid_{size}_{n_quarters}q.zarr")

@@ -14,6 +14,7 @@ import xarray as xr
 from scipy.stats import norm
 
 import geodbk.io.accessor  # noqa: F401  (registers .dbk)
+from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.quarters import Quarter
 from geodbk.errors import InputDataError
 from geodbk.io.cubes import write_netcdf, write_zarr
@@ -35,7 +36,7 @@ def truth(lonlat: np.ndarray, quarter: str | None) -> tuple[np.ndarray, np.ndarr
 class QuarterModel:
     """A space-time stand-in whose predictive distribution is :func:`truth`."""
 
-    meta = {"target": "download", "units": "Mbps", "kind": "truth", "service": "mobile"}
+    info = ModelInfo("truth", target="download", units="Mbps", service="mobile")
     has_kernel = False
     latest_quarter = "2023Q4"
 

@@ -18,6 +18,7 @@ import pytest
 import shapely
 import xarray as xr
 
+from geodbk.dataset.model_info import ModelInfo
 from geodbk.fileio import MARKER, RUN_FOLDER, atomic_dir, atomic_path
 from geodbk.fit.metrics import save_metrics
 from geodbk.io.cubes import write_netcdf, write_zarr
@@ -42,7 +43,7 @@ def everything(folder: Path) -> list[str]:
 class FailingModel:
     """Predicts a constant surface and raises on block ``fail_at`` (0-based): a crash midway."""
 
-    meta = {"target": "download", "units": "Mbps", "kind": "failing"}
+    info = ModelInfo("failing", target="download", units="Mbps")
     has_kernel = False
     latest_quarter = None  # time-free: maps the quarters a test names
 
@@ -209,7 +210,7 @@ def test_write_killed_midway_leaves_the_old_output_or_nothing(tmp_path, suffix: 
 
 # --- the demo's run folder ---------------------------------------------------------------------
 def test_crashed_demo_leaves_the_previous_run_folder(tmp_path, monkeypatch) -> None:
-    import geodbk.workflow as workflow
+    import geodbk.fit.geomodel as geomodel
 
     run = RunFolder(tmp_path / "run")
     run.model("dbk-rbf").parent.mkdir(parents=True)
@@ -220,7 +221,7 @@ def test_crashed_demo_leaves_the_previous_run_folder(tmp_path, monkeypatch) -> N
     def crash(*args, **kwargs):
         raise RuntimeError("injected: out of memory while drawing the maps")
 
-    monkeypatch.setattr(workflow, "predict_grid", crash)
+    monkeypatch.setattr(geomodel, "predict_grid", crash)  # GeoModel.grid, which the demo calls
     config = DemoConfig(quarters=["2023Q4"], models=("knn",), epochs=1, resolution=0.05, progress=False, device="cpu")
     with pytest.raises(RuntimeError, match="injected"):
         run_demo(run.root, config, echo=lambda line: None)

@@ -15,6 +15,7 @@ import shapely
 import xarray as xr
 
 from geodbk.cli import main
+from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fit.fitting import fit_dataset
@@ -104,7 +105,7 @@ class FailingModel:
     """A constant surface that raises in the blocks reaching north of ``fail_north_of``; the others
     take ``delay`` seconds and, with a ``log`` folder, leave ``<lat>.started`` / ``<lat>.finished`` there."""
 
-    meta = {"target": "download", "units": "Mbps", "kind": "failing"}
+    info = ModelInfo("failing", target="download", units="Mbps")
     has_kernel = False
     latest_quarter = None  # time-free: maps the quarters a test names
 

@@ -9,6 +9,7 @@ import rasterio
 import shapely
 from scipy.stats import norm
 
+from geodbk.dataset.model_info import ModelInfo
 from geodbk.errors import InputDataError
 from geodbk.io.cubes import write_netcdf, write_zarr
 from geodbk.io.geotiff import GEOTIFF_NODATA, write_geotiff
@@ -38,7 +39,7 @@ class PlaneModel:
     """mean = plane_mean(lon, lat) (about 1.8, i.e. ~60 Mbps), sd = 0.2 + 0.1 (lat - 18), k(x, r) = exp(-|x - r|^2);
     a new measurement of k tests has sd = plane_measurement_sd(lat, k). Time-free: ``time`` is ignored."""
 
-    meta = {"target": "download", "units": "Mbps", "kind": "plane"}
+    info = ModelInfo("plane", target="download", units="Mbps")
     has_kernel = True
     latest_quarter = None  # time-free: maps the quarters a test names
 

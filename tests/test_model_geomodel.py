@@ -32,9 +32,9 @@ def geomodel(small_dataset):
 
 def test_fit_dataset_uses_the_train_split_and_records_meta(small_dataset, geomodel):
     assert geomodel.kind == "dbk-rbf"
-    assert geomodel.meta["target"] == "download" and geomodel.meta["units"] == "Mbps"
-    assert geomodel.meta["quarters"] == ["2023Q4"]
-    assert geomodel.meta["n_train"] == 800
+    assert geomodel.info.target == "download" and geomodel.info.units == "Mbps"
+    assert geomodel.info.quarters == ("2023Q4",)
+    assert geomodel.info.n_train == 800
     _, y, _ = small_dataset.arrays("train")
     assert geomodel.regressor.y_mean == pytest.approx(y.mean())
 
@@ -73,7 +73,7 @@ def test_save_load_round_trip(tmp_path, small_dataset, geomodel):
     path = tmp_path / "models" / "dbk-rbf.pt"
     geomodel.save(path)
     loaded = GeoModel.load(path, device="cpu")
-    assert loaded.meta == geomodel.meta and loaded.inputs == geomodel.inputs
+    assert loaded.info == geomodel.info and loaded.inputs == geomodel.inputs
     np.testing.assert_array_equal(loaded.support, geomodel.support)
     lonlat = small_dataset.subset("val")[["lon", "lat"]].to_numpy()
     np.testing.assert_array_equal(loaded.predict(lonlat).mean, geomodel.predict(lonlat).mean)
@@ -129,3 +129,19 @@ def test_failed_save_leaves_the_previous_file_intact(tmp_path, geomodel, monkeyp
         geomodel.save(path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
+
+
+def test_model_info_reads_older_files_facts_with_its_defaults_and_round_trips() -> None:
+    from geodbk.dataset.model_info import ModelInfo
+    from geodbk.errors import InputDataError
+
+    # a model file of before the region polygon, service and posterior were stored
+    older = ModelInfo.from_dict({"kind": "dbk-rbf", "target": "upload", "units": "Mbps", "region": "Hawaii",
+                                 "quarters": ["2023Q3", "2023Q4"], "n_train": "12", "unknown_fact": 1})
+    assert (older.service, older.posterior, older.local_residuals) == ("mobile", "trained", False)
+    assert older.region_wkb_hex is None and older.fitted_region is None and older.region_geometry is None
+    assert older.quarters == ("2023Q3", "2023Q4") and older.latest_quarter == "2023Q4" and older.n_train == 12
+    assert ModelInfo.from_dict(older.to_dict()) == older
+    assert ModelInfo("knn").latest_quarter is None
+    with pytest.raises(InputDataError, match="no model kind"):
+        ModelInfo.from_dict({"target": "download"})

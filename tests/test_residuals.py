@@ -342,7 +342,7 @@ def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters
     from geodbk.dataset.quarters import quarter_years
 
     field = pr_model.residuals
-    assert isinstance(field, ResidualField) and pr_model.meta["local_residuals"] is True
+    assert isinstance(field, ResidualField) and pr_model.info.local_residuals is True
     train = pr_two_quarters.subset("train")
     lonlat, years = train[["lon", "lat"]].to_numpy(np.float64), quarter_years(train["year"], train["quarter"])
     tests = train["tests"].to_numpy(np.float64)
@@ -386,7 +386,7 @@ def test_no_field_without_local_residuals_or_a_kernel(pr_two_quarters, fitted):
     test = pr_two_quarters.subset("test")
     lonlat = test[["lon", "lat"]].to_numpy(np.float64)
     for model in (fitted(local_residuals=False), fitted("knn"), fitted(protocol="paper")):
-        assert model.residuals is None and model.meta["local_residuals"] is False, model.kind
+        assert model.residuals is None and model.info.local_residuals is False, model.kind
         got = model.predict(lonlat, "2023Q4")
         direct = model.regressor.predict(model.features(lonlat, "2023Q4"))
         np.testing.assert_array_equal(got.mean, direct.mean)

@@ -320,7 +320,7 @@ def test_cli_fit_then_predict_warns_and_rejects_bad_quarters(small_pr_file, tmp_
     records = json.loads((run / "metrics.json").read_text())
     assert {r["model"] for r in records} == {"dbk-rbf", "knn"} and len(records) == len(table)
     assert {"urban", "rural"} <= {r["group"] for r in records}
-    assert GeoModel.load(run / "models" / "dbk-rbf.pt").meta["split"] == "spatial-block"
+    assert GeoModel.load(run / "models" / "dbk-rbf.pt").info.split == "spatial-block"
 
     model = str(run / "models" / "knn.pt")
     rc = main(["predict", "--model", model, "--quarter", "2030Q1", "--resolution", "0.05",

@@ -15,6 +15,7 @@ import shapely
 from rio_cogeo.cogeo import cog_validate
 
 import geodbk.io.accessor  # noqa: F401  (registers .dbk)
+from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.io.geotiff import write_geotiff
 from geodbk.io.vectors import write_tile_predictions
@@ -30,7 +31,7 @@ class SlopeModel:
     """mean = 1.5 + (lon + 66.5) log10 Mbps (+0.1 in 2023Q4), sd 0.2; a new measurement of k tests has
     variance sd^2 + 0.1 / k."""
 
-    meta = {"target": "download", "units": "Mbps", "kind": "slope"}
+    info = ModelInfo("slope", target="download", units="Mbps")
     has_kernel = False
     latest_quarter = "2023Q4"
 

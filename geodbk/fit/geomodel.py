@@ -76,11 +76,6 @@ class GeoModel:
         return self.regressor.kind
 
     @property
-    def meta(self) -> dict[str, Any]:
-        """``info`` as the mapping stored in model files."""
-        return self.info.to_dict()
-
-    @property
     def has_kernel(self) -> bool:
         """Whether :meth:`kernel_slice` and :meth:`prior_variance` exist (GP kinds; not knn or dnn)."""
         return self.regressor.has_kernel
@@ -297,7 +292,7 @@ class GeoModel:
     def prior_variance(self, lonlat: np.ndarray, time: TimeLike = None) -> np.ndarray:
         """Prior variance k(x, x), (n,), in (log10 units)^2; the diagonal of :meth:`kernel_slice`."""
         self._require_kernel()
-        gp = self.regressor.prior_variance(self.features(lonlat, time))
+        gp = self.regressor.kernel(self.features(lonlat, time), diag=True)
         if self.residuals is None:
             return gp
         return self.residuals.kernel.combine(gp, np.full_like(gp, self.residuals.kernel.prior_var))

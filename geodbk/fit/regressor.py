@@ -181,11 +181,6 @@ class Regressor:
 
         return self._batched(len(X), batch_size, block, None if ref is None else len(ref)) * self.y_std**2
 
-    def prior_variance(self, X: np.ndarray, batch_size: int = 65536) -> np.ndarray:
-        """``kernel(X, diag=True)``: the prior variance k(x, x), (n,) in target units^2. Kept until
-        :meth:`geodbk.fit.geomodel.GeoModel.prior_variance` calls :meth:`kernel` itself."""
-        return self.kernel(X, diag=True, batch_size=batch_size)
-
     def refit_posterior(
         self, X: np.ndarray, y: np.ndarray, tests: np.ndarray | None = None, tiles: np.ndarray | None = None
     ) -> ConjugateFit:

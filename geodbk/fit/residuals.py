@@ -345,7 +345,7 @@ class ResidualField:
             kernel = LocalKernel.from_vector(vector)
             mean, cond, _ = field._solve(geometry, kernel)
             total = kernel.combine(var, cond, test_var)
-            return float(np.mean(0.5 * np.log(2 * np.pi * total) + 0.5 * (residual - mean) ** 2 / total))
+            return gaussian_nll(residual, Prediction(mean, np.sqrt(total)))
 
         bounds = [(np.log(low), np.log(high)) for low, high in _BOUNDS]
         best = minimize(

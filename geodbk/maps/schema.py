@@ -46,7 +46,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import pandas as pd
@@ -54,6 +54,7 @@ import pyproj
 import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
+from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.quarters import Quarter
 from geodbk.errors import InputDataError, ResourceLimitError
 from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
@@ -91,11 +92,14 @@ class SpatialPredictor(Protocol):
     quarter. ``kernel_slice`` is the ``(n, k)`` prior kernel to ``k`` reference points (log10 units
     squared); it, ``predict_change`` and ``predict_areas`` are only called if ``has_kernel``.
     ``distance_to_data``: metres to the nearest training tile; ``support``: ``(m, 2)`` lon/lat of
-    those tiles, or None; ``meta``: facts (target, units, ...); ``latest_quarter``: None if time-free.
+    those tiles, or None; ``info``: what it was fitted on (:class:`~geodbk.dataset.model_info.ModelInfo`);
+    ``latest_quarter``: None if time-free.
     """
 
-    meta: dict[str, Any]
     support: np.ndarray | None
+
+    @property
+    def info(self) -> ModelInfo: ...
 
     @property
     def kind(self) -> str: ...
@@ -113,17 +117,13 @@ class SpatialPredictor(Protocol):
     def predict_change(self, lonlat: np.ndarray, time_from: str, time_to: str) -> Any: ...
 
     def predict_areas(
-        self, lonlat: np.ndarray, groups: np.ndarray, n_groups: int, time: str | None, *, weights: np.ndarray
-    ) -> Any: ...
+        self, lonlat: np.ndarray, groups: np.ndarray, n_groups: int, time: str | None, *, weights: np.ndarray,
+        return_cells: Literal[True],
+    ) -> tuple[Any, Any]: ...
 
     def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray: ...
 
     def distance_to_data(self, lonlat: np.ndarray) -> np.ndarray: ...
-
-
-def model_meta(model: SpatialPredictor) -> dict[str, Any]:
-    """A copy of the model's ``meta`` mapping (target, units, kind, ...)."""
-    return dict(model.meta)
 
 
 def quarter_start(label: str) -> pd.Timestamp:
@@ -165,7 +165,7 @@ class GridLayers:
         refs: Mapping[str, tuple[float, float]] | None = None,
     ) -> GridLayers:
         """Resolve the grid's contents for ``model`` (see :func:`geodbk.maps.predict.predict_grid`)."""
-        meta = model_meta(model)
+        info = model.info
         has_kernel = model.has_kernel
         latest = model.latest_quarter
         stacked = time is not None and not isinstance(time, str)
@@ -183,7 +183,7 @@ class GridLayers:
                 _check_quarter(quarter)
         if stacked and len(set(quarters)) != len(quarters):
             raise InputDataError(f"quarters repeat: {', '.join(map(str, quarters))}")
-        level = resolve_threshold(threshold, meta)
+        level = resolve_threshold(threshold, info)
         pair = None
         if change is not None:
             pair = tuple(change)
@@ -193,7 +193,7 @@ class GridLayers:
                 _check_quarter(quarter)
             if latest is None or not has_kernel:
                 raise InputDataError(
-                    f"change maps need a space-time GP model; {meta.get('kind', 'this model')} "
+                    f"change maps need a space-time GP model; {info.kind} "
                     + ("is time-free" if latest is None else "is not a GP")
                 )
         names: tuple[str, ...] = ()
@@ -204,7 +204,7 @@ class GridLayers:
             if ref_lonlat.shape != (len(names), 2) or not np.isfinite(ref_lonlat).all():
                 raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
         return cls(
-            str(meta.get("target", "download")), str(meta.get("units", "Mbps")), quarters, stacked, level,
+            info.target, info.units, quarters, stacked, level,
             pair, names, ref_lonlat,  # type: ignore[arg-type]
         )
 
@@ -394,7 +394,6 @@ def grid_template(
 
     check_grid_size(grid, layers.values_per_cell())
 
-    meta = model_meta(model)
     sizes = layers.sizes()
 
     def empty(dims: tuple[str, ...]) -> Any:
@@ -413,7 +412,7 @@ def grid_template(
     ds.attrs = {
         "title": f"geodbk predictive map of log10 {layers.target} ({layers.units})",
         "Conventions": "CF-1.8",
-        "source": f"geodbk model {meta.get('kind', type(model).__name__)}",
+        "source": f"geodbk model {model.info.kind}",
         "target": layers.target,
         "units": layers.units,
         "region": grid.region_name,
@@ -430,9 +429,9 @@ def grid_template(
         ds.attrs["threshold"] = layers.threshold
     if layers.change is not None:
         ds.attrs["change"] = ":".join(layers.change)
-    for key in ("kind", "quarters"):
-        if key in meta:
-            ds.attrs[f"model_{key}"] = str(meta[key])
+    ds.attrs["model_kind"] = model.info.kind
+    if model.info.quarters:
+        ds.attrs["model_quarters"] = str(list(model.info.quarters))
     # inplace: rioxarray's default is a deep copy, which would double the preallocated arrays
     ds.rio.write_crs(grid.crs, inplace=True)
     ds.rio.write_transform(grid.transform, inplace=True)
@@ -445,6 +444,5 @@ __all__ = [
     "check_grid_size",
     "grid_size_limit",
     "grid_template",
-    "model_meta",
     "quarter_start",
 ]

@@ -48,7 +48,6 @@ from geodbk.fileio import atomic_path, write_failure
 from geodbk.maps.cover import cell_count, cover
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import CaughtWarning
-from geodbk.maps.schema import model_meta
 from geodbk.maps.thresholds import DEFAULT, resolve_threshold
 from geodbk.prediction import probability_below, to_data_units
 
@@ -138,10 +137,9 @@ class SummaryJob:
         n = len(block.grids)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ExtrapolationWarning)
-            area = self.model.predict_areas(lonlat, groups, n, self.quarter, weights=weights)
+            area, cell = self.model.predict_areas(lonlat, groups, n, self.quarter, weights=weights, return_cells=True)
             share = None
             if self.level is not None:  # the cells' own distributions, for the exceedance share
-                cell = self.model.predict(lonlat, self.quarter)
                 below = probability_below(cell.mean, cell.sd, np.log10(self.level))
                 totals = np.bincount(groups, weights=weights, minlength=n)
                 share = np.bincount(groups, weights=weights * below, minlength=n) / totals
@@ -212,8 +210,7 @@ def summarize_polygons(
         raise InputDataError("no polygons to summarise")
     if not model.has_kernel:
         raise InputDataError(f"area summaries need a GP model; {model.kind} has no joint posterior")
-    meta = model_meta(model)
-    level = resolve_threshold(threshold, meta)
+    level = resolve_threshold(threshold, model.info)
     quarter = time or model.latest_quarter
     blocks = polygon_blocks(polygons, resolution, cells_per_block)
     job = SummaryJob(model, quarter, level, pyproj.CRS.from_user_input(polygons.crs))
@@ -233,7 +230,7 @@ def summarize_polygons(
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if extrapolating:  # once, with the first block's message
         warnings.warn(extrapolating[min(extrapolating)], ExtrapolationWarning, stacklevel=2)
-    key = str(meta.get("units", "Mbps")).lower()
+    key = model.info.units.lower()
     out = polygons.copy()
     out["quarter"] = quarter
     out["cells"] = cells

@@ -13,9 +13,8 @@ which for latency is the good side).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
+from geodbk.dataset.model_info import ModelInfo
 from geodbk.errors import InputDataError
 
 #: (service, target) -> threshold in Mbps.
@@ -30,21 +29,20 @@ DEFAULT_THRESHOLDS: dict[tuple[str, str], float] = {
 THRESHOLD_SOURCE = "FCC 2024 Section 706 Report (FCC 24-27): mobile 5G-NR 35/3 Mbps, fixed 100/20 Mbps"
 
 
-def default_threshold(meta: Mapping[str, Any]) -> float | None:
-    """The benchmark for a model's ``meta`` (``service``, default mobile, and ``target``), or
-    ``None`` when there is none (latency)."""
-    return DEFAULT_THRESHOLDS.get((str(meta.get("service", "mobile")), str(meta.get("target", "download"))))
+def default_threshold(info: ModelInfo) -> float | None:
+    """The benchmark for a model's service and target, or ``None`` when there is none (latency)."""
+    return DEFAULT_THRESHOLDS.get((info.service, info.target))
 
 
 #: ``threshold=DEFAULT`` asks for the benchmark of the model's service and target.
 DEFAULT = "default"
 
 
-def resolve_threshold(threshold: float | str | None, meta: Mapping[str, Any]) -> float | None:
+def resolve_threshold(threshold: float | str | None, info: ModelInfo) -> float | None:
     """The threshold in data units: :func:`default_threshold` for ``DEFAULT``, ``None`` for
     none, else the checked number."""
     if threshold == DEFAULT:
-        return default_threshold(meta)
+        return default_threshold(info)
     return None if threshold is None else check_threshold(float(threshold))
 
 

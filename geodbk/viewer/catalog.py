@@ -142,7 +142,7 @@ class Catalog:
                 except (GeodbkError, OSError) as err:  # one bad file costs its own model only
                     catalog.problems.append(f"`{path}` is left out: {' '.join(str(err).split())}")
                     continue
-                catalog.fits.append(Fit(run, path.stem, str(model.meta.get("target", "download"))))
+                catalog.fits.append(Fit(run, path.stem, model.info.target))
         return catalog
 
     def for_target(self, target: str) -> list[Fit]:
