@@ -17,9 +17,8 @@ import xarray as xr
 from bokeh.models import CustomJSHover
 from holoviews.plotting.bokeh.element import ElementPlot
 
-from geodbk.viewer import NEAR_KM, PointPrediction, Series, quarter_dates
+from geodbk.viewer import NEAR_KM, READOUT_VARIABLES, PointPrediction, Series, quarter_dates
 from geodbk.viewer.mercator import lonlat_to_mercator, mercator_raster, outline_paths, with_mercator
-from geodbk.viewer.units import READOUT_VARIABLES
 
 URBAN_COLOURS = {"urban": "#d95f02", "rural": "#1b9e77"}
 

@@ -105,7 +105,7 @@ def test_bad_input_is_one_line_with_exit_status_2(files, capsys, case: str) -> N
 
 
 def test_non_finite_training_loss_is_one_line(files, capsys, monkeypatch) -> None:
-    import geodbk.fit.geomodel
+    import geodbk.fit.fitting
 
     def diverge(*args, **kwargs):
         raise TrainingError("training loss is nan at epoch 3:\nlower --lr or use --dtype float64")

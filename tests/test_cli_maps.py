@@ -147,3 +147,29 @@ def test_help_states_units_and_the_real_defaults() -> None:
     assert says("(default all: the 19 complete quarters") and d.quarters is None
     assert says(f"(default {','.join(DEMO_MODELS)})") and tuple(d.models) == DEMO_MODELS
     assert says(f"(default {d.region})") and says(f"(default {d.target})")
+
+
+def test_a_model_fitted_on_a_polygon_file_maps_its_own_region_by_default(pr_dataset, tmp_path, capsys) -> None:
+    """A region read from a polygon file is named after the file's stem, which no region lookup
+    knows: ``geodbk predict`` without ``--region`` maps the stored polygon, not the name."""
+    import dataclasses
+
+    import shapely
+
+    from geodbk.fit.fitting import fit_dataset
+    from geodbk.ingest.regions import Region
+
+    west_half = shapely.box(-67.3, 17.9, -66.4, 18.55)  # the west of Puerto Rico
+    inside = shapely.contains_xy(west_half, pr_dataset.frame["lon"], pr_dataset.frame["lat"])
+    dataset = dataclasses.replace(pr_dataset, frame=pr_dataset.frame[inside], region=Region("my_towns", west_half))
+    model = fit_dataset(dataset, "knn", progress=False, device="cpu")
+    assert model.info.region == "my_towns"
+    model.save(tmp_path / "knn.pt")
+    out = tmp_path / "west.nc"
+    assert main(["predict", "--model", str(tmp_path / "knn.pt"), "--resolution", "0.05", "--out", str(out),
+                 "--no-progress"]) == 0
+    grid = open_grid(out).load()
+    assert grid.attrs["region"] == "my_towns"
+    assert float(grid["x"].min()) > -67.35 and float(grid["x"].max()) < -66.35  # the polygon's extent only
+    lon, lat = np.meshgrid(grid["x"].values, grid["y"].values)
+    np.testing.assert_array_equal(np.isfinite(grid["mean"].values), shapely.contains_xy(west_half, lon, lat))

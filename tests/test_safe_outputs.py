@@ -191,7 +191,7 @@ def fit_argv(w: Path, kind: str = "knn", out: str = "run") -> list[str]:
 
 
 def test_fit_checks_its_output_before_training(knn_run, tmp_path, monkeypatch, capsys) -> None:
-    import geodbk.fit.geomodel
+    import geodbk.fit.fitting
 
     w = copy_run(knn_run, tmp_path)
     (w / "taken").write_text("a file where the run folder goes")
@@ -338,12 +338,12 @@ def test_debug_shows_the_traceback(tmp_path, where: str) -> None:
 
 
 def test_an_unforeseen_failure_is_one_line_with_exit_1_naming_debug(knn_run, tmp_path, monkeypatch, capsys) -> None:
-    import geodbk.maps.predict
+    import geodbk.fit.geomodel
 
     def bug(*args, **kwargs):
         raise ZeroDivisionError("a bug\nover two lines")
 
-    monkeypatch.setattr(geodbk.maps.predict, "predict_grid", bug)
+    monkeypatch.setattr(geodbk.fit.geomodel, "predict_grid", bug)  # GeoModel.grid, which predict calls
     model = knn_run / "run" / "models" / "knn.pt"
     assert main(["predict", "--model", str(model), "--out", str(tmp_path / "g.nc"), "--resolution", "0.1"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
@@ -363,12 +363,12 @@ def test_passwords_in_urls_are_masked(text: str, shown: str) -> None:
 
 def test_ctrl_c_is_one_line_with_exit_130(knn_run, tmp_path, monkeypatch, capsys) -> None:
     """Ctrl-C printed a 37-line traceback."""
-    import geodbk.maps.predict
+    import geodbk.fit.geomodel
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(geodbk.maps.predict, "predict_grid", interrupted)
+    monkeypatch.setattr(geodbk.fit.geomodel, "predict_grid", interrupted)
     model = knn_run / "run" / "models" / "knn.pt"
     assert main(["predict", "--model", str(model), "--out", str(tmp_path / "g.nc"), "--resolution", "0.1"]) == 130
     lines = capsys.readouterr().err.strip().splitlines()

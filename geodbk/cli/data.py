@@ -98,6 +98,8 @@ def _build(args: argparse.Namespace, tiles: list[str]) -> Any:
 
 
 def _add_fit(sub: argparse._SubParsersAction) -> None:
+    from geodbk.dataset.inputs import PROTOCOLS
+
     p = sub.add_parser(
         "fit",
         help="fit models to a dataset and report urban/rural metrics",
@@ -120,7 +122,7 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--models", default="dbk-rbf,sv-rbf,sv-dkl,knn",
                    help="comma-separated model kinds (default dbk-rbf,sv-rbf,sv-dkl,knn); known: dbk-rbf, "
                    "dbk-silu, exact-dbk, sv-rbf, sv-dkl, pp-dkl, vbll, dnn, knn and registered extras")
-    p.add_argument("--protocol", choices=("space-time", "paper"), default="space-time",
+    p.add_argument("--protocol", choices=PROTOCOLS, default=PROTOCOLS[0],
                    help="model inputs (default space-time; paper: region box, no time, one noise)")
     p.add_argument("--no-test-noise", action="store_true",
                    help="one noise variance instead of sigma0^2 + sigma1^2/tests (space-time protocol)")

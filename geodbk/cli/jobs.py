@@ -82,6 +82,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from geodbk.dataset.inputs import PROTOCOLS
+
     # defaults live in geodbk.workflow.DemoConfig (not imported here: it pulls in torch);
     # an option left unset keeps the DemoConfig default named in its help
     p = sub.add_parser(
@@ -104,7 +106,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quarters", help="comma-separated quarters, e.g. 2023Q1,2023Q4 "
                    "(default all: the 19 complete quarters 2019Q1-2023Q4)")
     p.add_argument("--models", help="comma-separated model kinds to fit (default dbk-rbf,sv-dkl,knn)")
-    p.add_argument("--protocol", choices=("space-time", "paper"), help="model inputs (default space-time)")
+    p.add_argument("--protocol", choices=PROTOCOLS, help="model inputs (default space-time)")
     p.add_argument("--split", choices=("random", "spatial-block", "forecast"),
                    help="train/val/test protocol (default random)")
     p.add_argument("--quarter", help="map only this quarter, e.g. 2023Q1 (default: every fitted quarter along "
@@ -180,6 +182,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     import pandas as pd
 
     from geodbk.dataset.domain import quarter_report
+    from geodbk.dataset.quarters import Quarter
     from geodbk.dataset.spatial_dataset import parse_quarters, sample_tiles_path
     from geodbk.errors import InputDataError
     from geodbk.ingest.regions import load_region
@@ -190,7 +193,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     if pairs is None:
         keys = pd.read_parquet(sample_tiles_path(config.region), columns=["year", "quarter"]).drop_duplicates()
         pairs = list(keys.itertuples(index=False, name=None))
-    quarters = [f"{y}Q{q}" for y, q in sorted(set(pairs))]
+    quarters = [str(Quarter(int(y), int(q))) for y, q in sorted(set(pairs))]
     refs = ("urban", "rural", "wildland")
     layers = GridLayers(config.target, "", tuple(quarters), len(quarters) > 1, 1.0, ("", ""), refs, np.zeros((3, 2)))
     grid = RegularGrid.over(load_region(config.region), config.resolution, crs=config.map_crs)

@@ -89,7 +89,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     from geodbk.fit.geomodel import GeoModel
     from geodbk.ingest.regions import load_region
     from geodbk.maps.geometry import RegularGrid
-    from geodbk.maps.predict import check_store, predict_grid
+    from geodbk.maps.predict import check_store
     from geodbk.maps.reference import parse_refs, reference_points
     from geodbk.maps.schema import GridLayers, check_grid_size, grid_size_limit
 
@@ -101,7 +101,9 @@ def _run_predict(args: argparse.Namespace) -> int:
     inputs = [args.model, *([args.dataset] if args.dataset else [])]
     check_store(args.out, parallel=args.dask_scheduler is not None, name="--out", inputs=inputs)
     check_device(args.device)
-    when: str | list[str] | None = None if args.quarter is None else parse_quarter(args.quarter)
+    quarters: str | list[str] = "latest" if args.quarter is None else parse_quarter(args.quarter)
+    if args.quarters is not None:
+        quarters = "all" if args.quarters.strip().lower() == "all" else parse_quarter_list(args.quarters)
     change = parse_change(args.change)
     check_map_options(args)
     if args.chunk_rows is not None and args.chunk_rows < 1:
@@ -110,20 +112,13 @@ def _run_predict(args: argparse.Namespace) -> int:
         raise InputDataError(f"--max-cells must be >= 1, got {args.max_cells}")
     model = GeoModel.load(args.model, device=args.device)
     model.regressor.prediction_precision = args.precision
-    if args.quarters is not None:
-        fitted = list(model.meta.get("quarters") or [])
-        when = fitted if args.quarters.strip().lower() == "all" else parse_quarter_list(args.quarters)
-        if not when:
-            raise InputDataError(f"--quarters names no quarter (the model has {model.meta.get('quarters')})")
-    region_spec = args.region or model.meta.get("region")
-    if not region_spec:
-        raise InputDataError("the model file names no region; pass --region")
-    grid = RegularGrid.over(load_region(region_spec), args.resolution, crs=args.crs)
-    asked = [when] if when is None or isinstance(when, str) else when
-    check_domain(model, grid.geometry, [*asked, *(change or ())], allow=args.allow_extrapolation)
-    refs = parse_refs(args.ref)
+    when = model.map_time(quarters)
+    region = load_region(args.region) if args.region else model.fitted_region()  # a polygon file's too
+    grid = RegularGrid.over(region, args.resolution, crs=args.crs)  # for the checks, references and report
+    check_domain(model, grid.geometry, quarters, change, allow=args.allow_extrapolation)
+    refs, threshold = parse_refs(args.ref), threshold_option(args)
     with grid_size_limit(args.max_cells):  # before the reference search walks the grid's cells
-        layers = GridLayers.for_model(model, time=when, threshold=threshold_option(args), change=change, refs=refs)
+        layers = GridLayers.for_model(model, time=when, threshold=threshold, change=change, refs=refs)
         check_grid_size(grid, layers.values_per_cell())
     if not refs and args.dataset:
         refs = reference_points(SpatialDataset.load(args.dataset), grid)
@@ -133,9 +128,9 @@ def _run_predict(args: argparse.Namespace) -> int:
           + (f"; kernel slices at {', '.join(refs)}" if refs and model.has_kernel else ""))
     start = time.perf_counter()
     with grid_size_limit(args.max_cells):
-        ds = predict_grid(model, grid, refs=refs or None, time=when, change=change, threshold=threshold_option(args),
-                          max_distance=args.max_distance, chunk_rows=args.chunk_rows, store=args.out,
-                          progress=not args.no_progress, client=args.dask_scheduler)
+        ds = model.grid(args.resolution, region, quarters, change, crs=args.crs, refs=refs or None,
+                        threshold=threshold, max_distance=args.max_distance, chunk_rows=args.chunk_rows,
+                        store=args.out, progress=not args.no_progress, client=args.dask_scheduler)
     ds.close()
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
     return 0
@@ -297,15 +292,15 @@ def _run_summarize(args: argparse.Namespace) -> int:
         parse_scheduler(args.dask_scheduler)
     model = GeoModel.load(args.model)
     polygons = read_polygons(args.polygons, what="polygon", keep_crs=True)
-    if not args.all_polygons and model.meta.get("region"):
+    if not args.all_polygons:
         # the fitted polygon, not the region's name: a region read from a file is named by its stem
         kept = polygons_in_region(polygons, model.fitted_region().geometry)
         if len(kept) == 0:
-            raise InputDataError(f"no polygon in {args.polygons} overlaps the model's region {model.meta['region']}")
-        print(f"kept {len(kept)} of {len(polygons)} polygons that overlap {model.meta['region']}")
+            raise InputDataError(f"no polygon in {args.polygons} overlaps the model's region {model.info.region}")
+        print(f"kept {len(kept)} of {len(polygons)} polygons that overlap {model.info.region}")
         polygons = kept
     area = polygons.to_crs(4326).union_all()
-    check_domain(model, area, [quarter], allow=args.allow_extrapolation)
+    check_domain(model, area, quarter or "latest", allow=args.allow_extrapolation)
     with grid_size_limit(args.max_cells):  # the averaging cells, before they are allocated
         check_grid_size(RegularGrid.over(area, args.resolution or DEFAULT_RESOLUTION), SUMMARY_VALUES_PER_CELL)
     start = time.perf_counter()

@@ -18,9 +18,6 @@ from geodbk.errors import InputDataError
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.fit.geomodel import GeoModel
 
-#: Points per side of the lattice that samples an area for the extrapolation check.
-DOMAIN_SAMPLE_SIDE = 64
-
 
 def finite_float(text: str) -> float:
     """argparse type: a finite number (``nan``, ``inf`` and non-numbers are refused)."""
@@ -174,36 +171,27 @@ def threshold_option(args: argparse.Namespace) -> float | str | None:
     return None if args.no_threshold else (DEFAULT if args.threshold is None else args.threshold)
 
 
-def area_sample(geometry: Any) -> Any:
-    """(m, 2) lon/lat degrees of the centres of a :data:`DOMAIN_SAMPLE_SIDE`-square lattice over
-    ``geometry`` (a lon/lat shapely geometry) that fall inside it; its representative point if none."""
-    import numpy as np
-
-    from geodbk.maps.geometry import RegularGrid
-
-    west, south, east, north = geometry.bounds
-    step = max(east - west, north - south) / DOMAIN_SAMPLE_SIDE
-    cells = RegularGrid.over(geometry, step, crs=4326).cells_inside() if step > 0 else np.empty((0, 2))
-    if len(cells) == 0:
-        point = geometry.representative_point()
-        cells = np.array([[point.x, point.y]])
-    return cells
-
-
-def check_domain(model: GeoModel, geometry: Any, quarters: Sequence[str | None], *, allow: bool) -> None:
+def check_domain(
+    model: GeoModel, geometry: Any, quarters: Any = "latest", change: Any = None, *, allow: bool
+) -> None:
     """Refuse (unless ``allow``) to apply ``model`` to an area (lon/lat shapely geometry) mostly
     outside its fitted extent, or to quarters beyond its forecast allowance
-    (:meth:`geodbk.dataset.domain.DomainReport.problem`). When allowed, prediction itself warns."""
-    problem = model.domain_report(area_sample(geometry), list(quarters) or [None]).problem()
-    if problem is not None and not allow:
-        raise InputDataError(f"{problem}; pass --allow-extrapolation to map it anyway")
+    (:meth:`geodbk.fit.geomodel.GeoModel.check_domain`, whose one-line reason is kept and told how
+    to go on). When allowed, prediction itself warns."""
+    from geodbk.errors import InputDataError
+
+    if allow:
+        return
+    try:
+        model.check_domain(geometry, quarters, change)
+    except InputDataError as err:
+        raise InputDataError(f"{err}; pass --allow-extrapolation to map it anyway") from None
 
 
 __all__ = [
     "add_extrapolation_option",
     "add_map_options",
     "add_split_options",
-    "area_sample",
     "check_device",
     "check_listen_address",
     "check_domain",

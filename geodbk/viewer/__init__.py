@@ -38,13 +38,14 @@ from geodbk.viewer.tiles import (
     tiles_geojson,
     tiles_in_quarter,
 )
-from geodbk.viewer.units import PointPrediction, Series, slice_units
+from geodbk.viewer.units import READOUT_VARIABLES, PointPrediction, Series, cell_readout, slice_units
 
 __all__ = [
-    "ALL_QUARTERS", "Catalog", "DEFAULT_LAYER", "Fit", "LAYERS", "LAYER_BY_KEY", "Layer", "NEAR_KM", "PointPrediction",
-    "Series", "at_quarter", "change_span", "colour_limits", "correlation", "distance_km", "grid_cells_lonlat",
-    "grid_quarters", "grid_units", "layer_cmap", "layer_label", "layer_options", "layer_variable", "lonlat_to_mercator",
-    "mercator_raster", "mercator_to_lonlat", "metrics_tables", "name_column", "observed_near", "on_cells",
-    "outline_paths", "quarter_dates", "resolve_layer", "shown_quarter", "slice_at_cells", "slice_units",
-    "summary_table", "tiles_geojson", "tiles_in_quarter", "with_mercator",
+    "ALL_QUARTERS", "READOUT_VARIABLES", "Catalog", "DEFAULT_LAYER", "Fit", "LAYERS", "LAYER_BY_KEY", "Layer",
+    "NEAR_KM", "PointPrediction", "Series", "at_quarter", "cell_readout", "change_span", "colour_limits",
+    "correlation", "distance_km", "grid_cells_lonlat", "grid_quarters", "grid_units", "layer_cmap", "layer_label",
+    "layer_options", "layer_variable", "lonlat_to_mercator", "mercator_raster", "mercator_to_lonlat",
+    "metrics_tables", "name_column", "observed_near", "on_cells", "outline_paths", "quarter_dates", "resolve_layer",
+    "shown_quarter", "slice_at_cells", "slice_units", "summary_table", "tiles_geojson", "tiles_in_quarter",
+    "with_mercator",
 ]

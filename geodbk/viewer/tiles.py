@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from geodbk.dataset.quarters import Quarter
+
 #: Observed tiles within this distance (km) of a clicked point are drawn on its time series.
 NEAR_KM = 1.0
 #: The observed-tiles quarter choice that shows every quarter.
@@ -25,8 +27,8 @@ def tiles_in_quarter(frame: pd.DataFrame, quarter: str) -> pd.DataFrame:
     """Rows of ``quarter`` (``"2023Q4"``), or every row for :data:`ALL_QUARTERS`."""
     if quarter == ALL_QUARTERS:
         return frame
-    year, q = quarter.split("Q")
-    return frame[(frame["year"] == int(year)) & (frame["quarter"] == int(q))]
+    shown = Quarter.parse(quarter)
+    return frame[(frame["year"] == shown.year) & (frame["quarter"] == shown.number)]
 
 
 def tiles_geojson(frame: pd.DataFrame | None) -> str:
@@ -39,7 +41,7 @@ def tiles_geojson(frame: pd.DataFrame | None) -> str:
 
 def quarter_dates(labels: list[str] | pd.Series) -> pd.DatetimeIndex:
     """First day of each quarter label (``"2023Q4"`` -> 2023-10-01), the time axis of a series."""
-    return pd.PeriodIndex(list(labels), freq="Q").start_time
+    return pd.DatetimeIndex([pd.Timestamp(Quarter.parse(label).start) for label in labels])
 
 
 def distance_km(lon: np.ndarray, lat: np.ndarray, lon0: float, lat0: float) -> np.ndarray:
@@ -55,7 +57,8 @@ def observed_near(frame: pd.DataFrame, lon: float, lat: float, radius_km: float 
     columns ``quarter_start, quarter_label, observed_value, tests, split, distance_km``."""
     near = frame.assign(distance_km=distance_km(frame["lon"].to_numpy(), frame["lat"].to_numpy(), lon, lat))
     near = near[near["distance_km"] <= radius_km]
-    labels = near["year"].astype(int).astype(str) + "Q" + near["quarter"].astype(int).astype(str)
+    labels = pd.Series([str(Quarter(int(y), int(q))) for y, q in zip(near["year"], near["quarter"], strict=True)],
+                       index=near.index, dtype=object)
     return pd.DataFrame(
         {
             "quarter_start": quarter_dates(labels) if len(near) else pd.DatetimeIndex([]),

@@ -121,7 +121,7 @@ def no_server(monkeypatch) -> list[list[str]]:
         started.append(list(argv))
         raise SystemExit(0)
 
-    monkeypatch.setattr(os, "execve", record)
+    monkeypatch.setattr(os, "execv", record)
     monkeypatch.setattr(subprocess, "call", lambda argv, **kw: started.append(list(argv)) or 0)
     return started
 

@@ -386,7 +386,7 @@ def test_serve_refuses_hostile_polygon_files_before_starting(hostile, root, serv
     def no_server(*args, **kwargs):
         raise AssertionError("serve started the server")
 
-    monkeypatch.setattr("os.execve", no_server)
+    monkeypatch.setattr("os.execv", no_server)
     monkeypatch.setattr("subprocess.call", no_server)
     name, phrase = POLYGONS[case]
     _, requests = server
