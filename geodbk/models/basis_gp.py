@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors, ZooModel
+from geodbk.models.expansions import FoldingExpansion, InducingExpansion
 from geodbk.models.precision import Precision, matmul_precision
 
 
@@ -87,7 +88,7 @@ class BasisGP(KernelModel):
         test_noise: bool = False,
     ) -> None:
         super().__init__()
-        if include_residual and not hasattr(basis.expansion, "prior_variance"):
+        if include_residual and not isinstance(basis.expansion, InducingExpansion):
             raise TypeError(
                 f"{type(basis.expansion).__name__} has no prior variance k(x, x), "
                 "so it cannot carry a Nystrom residual"
@@ -134,7 +135,7 @@ class BasisGP(KernelModel):
         backbone runs at :attr:`backbone_precision` (:mod:`geodbk.models.precision`).
         """
         expansion = self.basis.expansion
-        folded = not self.training and not torch.is_grad_enabled() and hasattr(expansion, "fold")
+        folded = not self.training and not torch.is_grad_enabled() and isinstance(expansion, FoldingExpansion)
         with matmul_precision(self.backbone_precision if folded else "float32", x.device):
             g = self.basis.backbone(x)
         g = g.to(self.variational_mean.dtype)

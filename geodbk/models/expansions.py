@@ -118,7 +118,29 @@ def default_jitter(dtype: torch.dtype) -> float:
     return 1e-6 if dtype == torch.float64 else 1e-4
 
 
-class RBFInducingExpansion(nn.Module):
+class FoldingExpansion(nn.Module):
+    """An expansion ``phi(g) = features(g) @ T`` for a fixed (r, r) matrix T: it can fold T into
+    weights (module docstring). Subclasses define :meth:`features`, :meth:`fold` and ``forward``."""
+
+    def features(self, g: torch.Tensor) -> torch.Tensor:
+        """The unmixed features of ``g`` (n, h): (n, r)."""
+        raise NotImplementedError
+
+    def fold(self, weights: torch.Tensor) -> torch.Tensor:
+        """T @ ``weights`` (r, k), so that ``phi(g) @ weights = features(g) @ fold(weights)``."""
+        raise NotImplementedError
+
+
+class InducingExpansion(FoldingExpansion):
+    """A folding expansion from a kernel with a prior variance k(g, g): it can carry a Nystrom
+    residual (:class:`~geodbk.models.basis_gp.BasisGP` ``include_residual``)."""
+
+    def prior_variance(self, g: torch.Tensor) -> torch.Tensor:
+        """k(g, g) for every row of ``g`` (n, h): (n,)."""
+        raise NotImplementedError
+
+
+class RBFInducingExpansion(InducingExpansion):
     """Whitened inducing-point RBF basis ``phi(g) = L_ZZ^{-1} k_Z(g)``.
 
     The ARD RBF kernel is ``k(a, b) = s^2 exp(-0.5 sum_j (a_j - b_j)^2 / l_j^2)``.
@@ -177,7 +199,7 @@ class RBFInducingExpansion(nn.Module):
         return self.outputscale.expand(g.shape[0])
 
 
-class SiLUExpansion(nn.Module):
+class SiLUExpansion(FoldingExpansion):
     """``phi(g) = s * SiLU(W g + b)`` with a learnable diagonal scale s.
 
     Args:
