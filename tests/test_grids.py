@@ -9,12 +9,12 @@ import pyproj
 import pytest
 import shapely
 
+from geodbk.dataset.model_info import ModelInfo
 from geodbk.errors import InputDataError
 from geodbk.maps.geometry import RegularGrid, parse_resolution
 from geodbk.maps.predict import predict_grid, predict_region
 from geodbk.maps.reference import parse_refs, reference_points
 from geodbk.maps.stores import open_grid
-
 from geodbk.prediction import Z95
 
 PR_BBOX = (-67.3, 17.9, -65.6, 18.55)
@@ -24,7 +24,7 @@ class PlaneModel:
     """mean = lon + 2 lat, sd = 0.1 + 0.01 |lat|, k(x, r) = exp(-|x - r|^2), the same at every
     quarter; records its inputs (points and the quarters asked for)."""
 
-    meta = {"target": "download", "units": "Mbps", "kind": "plane"}
+    info = ModelInfo("plane", target="download", units="Mbps")
     has_kernel = True
     latest_quarter = None  # time-free: maps the quarters a test names
 
@@ -252,3 +252,20 @@ def test_puerto_rico_region_mask_and_sample_refs() -> None:
         assert dataset.region.geometry.buffer(0.02).contains(shapely.Point(lon, lat))
     # San Juan metro holds the densest urban tiles
     assert -66.3 < refs["urban"][0] < -65.9 and 18.3 < refs["urban"][1] < 18.5
+
+
+def test_utm_zone_is_the_zone_of_the_centre_and_polar_centres_are_refused() -> None:
+    from geodbk.errors import RegionError
+    from geodbk.maps.geometry import utm_crs_for
+
+    cases = {
+        (-67.3, 17.9, -65.2, 18.5): 32619,  # Puerto Rico
+        (-160.3, 18.9, -154.8, 22.3): 32604,  # Hawaii, centre in zone 4
+        (150.0, -35.0, 151.0, -34.0): 32756,  # Sydney, southern hemisphere
+        (179.5, 0.0, 179.99, 1.0): 32660,  # the last zone
+        (-180.0, 10.0, -179.5, 11.0): 32601,  # the first zone
+    }
+    for bounds, epsg in cases.items():
+        assert utm_crs_for(shapely.box(*bounds)).to_epsg() == epsg, bounds
+    with pytest.raises(RegionError, match="no UTM zone"):
+        utm_crs_for(shapely.box(0.0, 85.0, 1.0, 89.0))

@@ -8,6 +8,7 @@ region polygon, which is what block prediction (:mod:`geodbk.maps.predict`) asks
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator
@@ -66,21 +67,26 @@ def parse_resolution(resolution: float | str) -> tuple[float, str | None]:
 
 
 def utm_crs_for(geometry: BaseGeometry) -> pyproj.CRS:
-    """The WGS 84 UTM zone CRS that contains the centre of a lon/lat geometry."""
+    """The WGS 84 UTM zone CRS (EPSG:326zz north, 327zz south) that contains the centre of a
+    lon/lat geometry's bounds.
+
+    The zone is computed from the centre (6-degree zones from 180 W), not looked up in the PROJ
+    database, which took 65 ms a call (3,143 county summaries each ask once).
+
+    Raises:
+        RegionError: a centre outside UTM's latitudes (80 S to 84 N) or not a lon/lat point.
+    """
     west, south, east, north = geometry.bounds
-    infos = pyproj.database.query_utm_crs_info(
-        datum_name="WGS 84",
-        area_of_interest=pyproj.aoi.AreaOfInterest(west, south, east, north),
-    )
-    if not infos:
-        raise RegionError(f"no UTM zone covers the bounds {geometry.bounds}")
     lon0, lat0 = (west + east) / 2.0, (south + north) / 2.0
-    zone = int((lon0 + 180.0) // 6.0) + 1
-    code = (32600 if lat0 >= 0 else 32700) + zone
-    for info in infos:
-        if int(info.code) == code:
-            return pyproj.CRS.from_epsg(code)
-    return pyproj.CRS.from_epsg(int(infos[0].code))
+    if not (-80.0 <= lat0 <= 84.0 and -180.0 <= lon0 <= 180.0):
+        raise RegionError(f"no UTM zone covers the centre of the bounds {geometry.bounds}")
+    zone = min(int((lon0 + 180.0) // 6.0) + 1, 60)
+    return _utm_zone((32600 if lat0 >= 0 else 32700) + zone)
+
+
+@functools.lru_cache(maxsize=256)
+def _utm_zone(code: int) -> pyproj.CRS:
+    return pyproj.CRS.from_epsg(code)
 
 
 def _region_geometry(region: RegionLike) -> tuple[BaseGeometry, str]:
