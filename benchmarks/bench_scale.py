@@ -19,13 +19,13 @@ Data
     shipped Puerto Rico sample (read with :func:`geodbk.ingest.ookla.read_tiles`), independently
     of place; the data table compares the two sets.
 Training
-    The model inputs are built the way :func:`geodbk.fit.geomodel.fit_dataset` builds them for the
+    The model inputs are built the way :func:`geodbk.fit.fitting.fit_dataset` builds them for the
     space-time protocol, from public pieces: an :class:`~geodbk.dataset.inputs.InputSpace` with a
     :class:`~geodbk.dataset.coords.ProjectedTransform` fitted to the distinct tile centres and a
     :class:`~geodbk.dataset.inputs.TimeAxis` over the training quarters, the rows split 8:1:1 by
     :func:`geodbk.dataset.splits.random_split`, targets standardised on the train rows, and
-    :func:`~geodbk.fit.geomodel.map_model_config` with the positional encoding's shortest
-    wavelength set by :func:`~geodbk.fit.geomodel.with_encoding_wavelength`. dbk-rbf of the ``--preset``
+    the space-time :class:`~geodbk.fit.protocol.Protocol`'s configs with the positional encoding's
+    shortest wavelength set by :func:`~geodbk.fit.protocol.with_encoding_wavelength`. dbk-rbf of the ``--preset``
     size (cpu: h = 64, r = 128, batch 1024) is then trained with :class:`geodbk.fit.step.TrainingStep`
     and :func:`geodbk.fit.step.train_epoch`, the loop of :func:`geodbk.fit.train.fit_arrays`. Setup
     (tensors on the device, model, optimizer) is timed apart from the epochs; each epoch is
@@ -82,7 +82,7 @@ from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.splits import random_split
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.geomodel import GeoModel
-from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, map_model_config, with_encoding_wavelength
+from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME, with_encoding_wavelength
 from geodbk.fit.regressor import Regressor, build_model
 from geodbk.fit.step import TrainingStep, train_epoch
 from geodbk.fit.train import make_optimizer, mean_nll
@@ -681,10 +681,8 @@ def main() -> None:
     print_data(data, pr, generate_s, generate_peak, inputs_s, inputs)
 
     preset = PRESETS[args.preset]
-    config = with_encoding_wavelength(
-        map_model_config("space-time", hidden=preset.hidden, rank=preset.rank, dtype=args.dtype), inputs.space
-    )
-    _, tc = preset.configs(progress=False)
+    config, tc = SPACE_TIME.configs(preset.name, dtype=args.dtype, progress=False)  # as geodbk fit assembles them
+    config = with_encoding_wavelength(config, inputs.space)
     if args.grid_only:
         regressor = untrained(inputs, config, tc)
     else:
