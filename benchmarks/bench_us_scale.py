@@ -47,6 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from geodbk.dataset.quarters import Quarter
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
@@ -75,13 +77,11 @@ class Size:
 
 def quarter_range(first: str, last: str) -> tuple[str, ...]:
     """Quarter labels from ``first`` to ``last`` inclusive (``"2019Q1"``, ``"2023Q4"``)."""
-    year, quarter = int(first[:4]), int(first[-1])
-    out = []
-    while True:
-        out.append(f"{year}Q{quarter}")
-        if out[-1] == last:
-            return tuple(out)
-        year, quarter = (year + 1, 1) if quarter == 4 else (year, quarter + 1)
+    quarter, end, out = Quarter.parse(first), Quarter.parse(last), []
+    while quarter <= end:
+        out.append(str(quarter))
+        quarter = quarter.shift(1)
+    return tuple(out)
 
 
 SMALL = Size(20_000, 80_000, quarter_range("2022Q4", "2023Q4"), "10km", "0.1")
@@ -192,7 +192,7 @@ def data_files(folder: Path, size: Size) -> list[Path] | None:
 
 
 def previous_year(quarter: str) -> str:
-    return f"{int(quarter[:4]) - 1}Q{quarter[-1]}"
+    return str(Quarter.parse(quarter).shift(-4))
 
 
 def plan(size: Size, work: Path, files: list[Path], fit_rows: int | None) -> dict[str, list[str]]:
