@@ -48,8 +48,7 @@ from scipy.optimize import minimize
 
 from geodbk.models.basis_gp import BasisGP
 from geodbk.models.expansions import jittered_cholesky
-
-_LOG_2PI = math.log(2.0 * math.pi)
+from geodbk.models.objectives import _LOG_2PI
 
 #: Training rows (whole tiles, drawn at random) on which the hyperparameters are estimated;
 #: the posterior itself always conditions on every row. On PR's spatial-block training rows
