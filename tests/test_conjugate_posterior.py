@@ -46,7 +46,12 @@ def _dense_log_marginal(phi, y, prior, tile, per_test, tile_effect, shape, tests
     return torch.distributions.MultivariateNormal(torch.full_like(y, c), cov).log_prob(y)
 
 
-def test_posterior_equals_the_dense_conjugate_formula():
+@pytest.mark.parametrize("row_chunk", [65536, 37])
+def test_posterior_equals_the_dense_conjugate_formula(row_chunk, monkeypatch):
+    """Also when every row's basis and sums come in chunks (37 rows: chunks split tiles)."""
+    from geodbk.models import conjugate
+
+    monkeypatch.setattr(conjugate, "ROW_CHUNK", row_chunk)
     model, _ = _model()
     x, tests, tiles, y, _ = _draw(model, 150, tile_effect=0.2)
     with torch.no_grad():

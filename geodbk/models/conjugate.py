@@ -56,6 +56,8 @@ from geodbk.models.objectives import _LOG_2PI
 #: all-rows values in 6 s instead of 37 s; a^2 and c trade off along the basis's near-constant
 #: direction and are weakly identified (a^2 1.0 against 2.6, same log likelihood to 1e-3 per row).
 HYPERPARAMETER_ROWS = 20_000
+#: Rows per chunk when the basis is evaluated and its sums are taken (bounds the (rows, r) blocks).
+ROW_CHUNK = 65536
 #: L-BFGS-B iterations for the hyperparameters (up to 6 of them).
 _ITERATIONS = 200
 #: Bounds of log a^2 and of the log noise variances (standardised targets): a prior weight
@@ -93,7 +95,7 @@ class ConjugateFit:
 
 
 @torch.no_grad()
-def basis_values(model: BasisGP, x: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
+def basis_values(model: BasisGP, x: torch.Tensor, chunk: int = ROW_CHUNK) -> torch.Tensor:
     """phi(x) of every row of ``x`` (n, d) in float64, computed in chunks: (n, r)."""
     model.eval()
     parts = [model.basis(part).double() for part in x.split(chunk)]
@@ -123,33 +125,61 @@ class _Terms:
         return -0.5 * log_det - 0.5 * (self.quadratic - self.v.pow(2).sum())
 
 
-def _terms(
-    psi: torch.Tensor, y: torch.Tensor, d: torch.Tensor, tiles: torch.Tensor | None, n_tiles: int, tau2: torch.Tensor
-) -> _Terms:
-    """:class:`_Terms` for noise N = diag(d) + tau2 [same tile]: psi (n, r), y (n,), d (n,),
-    tiles (n,) integers in [0, n_tiles) or None (then N = diag(d)).
+@dataclass
+class _Sums:
+    """What :class:`_Terms` needs from a set of rows, summed over them, so that rows can come in
+    chunks: for a scaled basis psi (n, r), targets y (n,), noise d (n,) and tiles (n,),
+    ``sum psi psi^T / d`` (r, r), ``sum psi y / d`` (r,), ``sum y^2 / d``, ``sum log d``, and
+    per tile ``sum psi / d`` (n_tiles, r), ``sum y / d`` and ``sum 1 / d`` (n_tiles,) (``None``
+    without tiles). Adding returns new sums (no in-place update, so autograd can follow)."""
 
-    Per tile g, with h_g = sum_{i in g} 1/d_i and c_g = tau2 / (1 + tau2 h_g),
-    ``a^T N^{-1} b = sum_i a_i b_i / d_i - sum_g c_g (sum_{i in g} a_i / d_i)(sum_{i in g} b_i / d_i)``.
-    """
-    scaled = psi / d.unsqueeze(-1)
-    precision = scaled.T @ psi
-    projected = scaled.T @ y
-    quadratic = (y * y / d).sum()
-    log_det_noise = torch.log(d).sum()
-    if tiles is not None:
-        h = d.new_zeros(n_tiles).index_add(0, tiles, 1.0 / d)
-        c = tau2 / (1.0 + tau2 * h)
-        tile_psi = psi.new_zeros(n_tiles, psi.shape[1]).index_add(0, tiles, scaled)
-        tile_y = d.new_zeros(n_tiles).index_add(0, tiles, y / d)
-        precision = precision - (tile_psi * c.unsqueeze(-1)).T @ tile_psi
-        projected = projected - (tile_psi * c.unsqueeze(-1)).T @ tile_y
-        quadratic = quadratic - (c * tile_y * tile_y).sum()
-        log_det_noise = log_det_noise + torch.log1p(tau2 * h).sum()
-    eye = torch.eye(psi.shape[1], dtype=psi.dtype, device=psi.device)
-    chol = torch.linalg.cholesky(eye + 0.5 * (precision + precision.T))
-    v = torch.linalg.solve_triangular(chol, projected.unsqueeze(-1), upper=False).squeeze(-1)
-    return _Terms(chol, v, log_det_noise, quadratic)
+    precision: torch.Tensor
+    projected: torch.Tensor
+    quadratic: torch.Tensor
+    log_det_noise: torch.Tensor
+    tile_psi: torch.Tensor | None
+    tile_y: torch.Tensor | None
+    tile_h: torch.Tensor | None
+
+    @classmethod
+    def zeros(cls, rank: int, n_tiles: int | None, like: torch.Tensor) -> _Sums:
+        """Empty sums for ``rank`` basis functions (and ``n_tiles`` tiles, or ``None``)."""
+        zero = like.new_zeros(())
+        if n_tiles is None:
+            return cls(like.new_zeros(rank, rank), like.new_zeros(rank), zero, zero, None, None, None)
+        return cls(like.new_zeros(rank, rank), like.new_zeros(rank), zero, zero,
+                   like.new_zeros(n_tiles, rank), like.new_zeros(n_tiles), like.new_zeros(n_tiles))
+
+    def add(self, psi: torch.Tensor, y: torch.Tensor, d: torch.Tensor, tiles: torch.Tensor | None) -> _Sums:
+        """These sums plus rows psi (n, r), y (n,), d (n,), tiles (n,) (``None`` without tiles)."""
+        scaled = psi / d.unsqueeze(-1)
+        out = _Sums(self.precision + scaled.T @ psi, self.projected + scaled.T @ y,
+                    self.quadratic + (y * y / d).sum(), self.log_det_noise + torch.log(d).sum(), None, None, None)
+        if self.tile_psi is not None and self.tile_y is not None and self.tile_h is not None:
+            assert tiles is not None  # tiled sums take tiled rows
+            out.tile_psi = self.tile_psi.index_add(0, tiles, scaled)
+            out.tile_y = self.tile_y.index_add(0, tiles, y / d)
+            out.tile_h = self.tile_h.index_add(0, tiles, 1.0 / d)
+        return out
+
+    def terms(self, tau2: torch.Tensor) -> _Terms:
+        """:class:`_Terms` for noise N = diag(d) + tau2 [same tile].
+
+        Per tile g, with h_g = sum_{i in g} 1/d_i and c_g = tau2 / (1 + tau2 h_g),
+        ``a^T N^{-1} b = sum_i a_i b_i / d_i - sum_g c_g (sum_{i in g} a_i / d_i)(sum_{i in g} b_i / d_i)``.
+        """
+        precision, projected = self.precision, self.projected
+        quadratic, log_det_noise = self.quadratic, self.log_det_noise
+        if self.tile_psi is not None and self.tile_y is not None and self.tile_h is not None:
+            c = tau2 / (1.0 + tau2 * self.tile_h)
+            precision = precision - (self.tile_psi * c.unsqueeze(-1)).T @ self.tile_psi
+            projected = projected - (self.tile_psi * c.unsqueeze(-1)).T @ self.tile_y
+            quadratic = quadratic - (c * self.tile_y * self.tile_y).sum()
+            log_det_noise = log_det_noise + torch.log1p(tau2 * self.tile_h).sum()
+        eye = torch.eye(precision.shape[0], dtype=precision.dtype, device=precision.device)
+        chol = torch.linalg.cholesky(eye + 0.5 * (precision + precision.T))
+        v = torch.linalg.solve_triangular(chol, projected.unsqueeze(-1), upper=False).squeeze(-1)
+        return _Terms(chol, v, log_det_noise, quadratic)
 
 
 def fit_conjugate_posterior(
@@ -190,10 +220,8 @@ def fit_conjugate_posterior(
     """
     if model.include_residual:
         raise TypeError("the conjugate posterior is for basis GPs without a Nystrom residual")
-    phi = basis_values(model, x)
     with torch.no_grad():
         trained_factor = model.chol_factor.detach().double().clone()
-    shape = (phi @ trained_factor).pow(2).sum(-1)  # the trained q(w)'s variance ||L^T phi||^2, (n,)
     target = y.double()
     counts = None if tests is None or not model.noise.per_test else tests.double()
     tile_index, n_tiles = None, 0
@@ -201,8 +229,9 @@ def fit_conjugate_posterior(
         _, tile_index = torch.unique(tiles, return_inverse=True)
         n_tiles = int(tile_index.max()) + 1 if len(tile_index) else 0
     cpu_tiles = None if tile_index is None else tile_index.cpu()
-    fit_rows = _estimation_rows(len(target), cpu_tiles, max_rows, seed).to(phi.device)
-    phi_fit, y_fit, shape_fit = phi[fit_rows], target[fit_rows], shape[fit_rows]
+    fit_rows = _estimation_rows(len(target), cpu_tiles, max_rows, seed).to(x.device)
+    phi_fit, y_fit = basis_values(model, x[fit_rows]), target[fit_rows]
+    shape_fit = (phi_fit @ trained_factor).pow(2).sum(-1)  # the trained q(w)'s variance ||L^T phi||^2
     counts_fit = None if counts is None else counts[fit_rows]
     tiles_fit, n_fit_tiles = None, 0
     if tile_index is not None:
@@ -242,12 +271,13 @@ def fit_conjugate_posterior(
     def negative_log_marginal(theta: torch.Tensor) -> torch.Tensor:
         values = unpack(theta)
         tau2 = values.get("tile_effect", theta.new_zeros(()))
-        terms = _terms(phi_fit * values["prior"].sqrt(), y_fit - values["constant"],
-                       row_noise(values, counts_fit, shape_fit), tiles_fit, n_fit_tiles, tau2)
+        sums = _Sums.zeros(model.rank, n_fit_tiles if tiles_fit is not None else None, phi_fit)
+        terms = sums.add(phi_fit * values["prior"].sqrt(), y_fit - values["constant"],
+                         row_noise(values, counts_fit, shape_fit), tiles_fit).terms(tau2)
         return -terms.log_marginal() / len(y_fit) + 0.5 * _LOG_2PI
 
     def value_and_grad(vector: np.ndarray) -> tuple[float, np.ndarray]:
-        theta = torch.tensor(vector, dtype=torch.float64, device=phi.device, requires_grad=True)
+        theta = torch.tensor(vector, dtype=torch.float64, device=x.device, requires_grad=True)
         with torch.enable_grad():
             loss = negative_log_marginal(theta)
             loss.backward()
@@ -256,14 +286,21 @@ def fit_conjugate_posterior(
 
     best = minimize(value_and_grad, np.array(start), jac=True, method="L-BFGS-B", bounds=bounds,
                     options={"maxiter": _ITERATIONS, "ftol": 1e-13, "gtol": 1e-9})
-    theta = torch.as_tensor(best.x, dtype=torch.float64, device=phi.device)
+    theta = torch.as_tensor(best.x, dtype=torch.float64, device=x.device)
     with torch.no_grad():
         log_marginal = -float(negative_log_marginal(theta))
         values = unpack(theta)
         tau2 = values.get("tile_effect", theta.new_zeros(()))
         scale = float(values["prior"].sqrt())
         c = float(values["constant"])
-        terms = _terms(phi * scale, target - c, row_noise(values, counts, shape), tile_index, n_tiles, tau2)
+        # every row, streamed in chunks: phi (n, r) is never held whole (4 KB a row at r = 128)
+        sums = _Sums.zeros(model.rank, n_tiles if tile_index is not None else None, trained_factor)
+        for rows in torch.arange(len(target), device=x.device).split(ROW_CHUNK):
+            phi = basis_values(model, x[rows])
+            shape = (phi @ trained_factor).pow(2).sum(-1)
+            sums = sums.add(phi * scale, target[rows] - c, row_noise(values, None if counts is None else counts[rows],
+                            shape), None if tile_index is None else tile_index[rows])
+        terms = sums.terms(tau2)
         mean_u = torch.linalg.solve_triangular(terms.chol.T, terms.v.unsqueeze(-1), upper=True).squeeze(-1)
         cov_u = torch.cholesky_inverse(terms.chol)
         factor_u = jittered_cholesky(0.5 * (cov_u + cov_u.T), 1e-10 * float(torch.diagonal(cov_u).mean()))
