@@ -158,9 +158,11 @@ class RunFolder:
         *,
         overwrite: bool = False,
         timeout_s: float | None = None,
+        geometry_from: str | Path | None = None,
     ) -> pd.DataFrame:
         """Add fitted ``models`` with their test metrics ``results`` (:func:`evaluate_on_test` per
-        kind) to the run folder and return the merged metrics table.
+        kind) to the run folder and return the merged metrics table. ``geometry_from``: the file a
+        dataset loaded without its polygons came from (:meth:`SpatialDataset.save`).
 
         Under the folder's lock (waiting up to ``timeout_s``, default :data:`RUN_LOCK_TIMEOUT_S`,
         then :class:`geodbk.errors.FolderBusyError`), the checks of :meth:`check_fits` run again,
@@ -178,7 +180,7 @@ class RunFolder:
             try:
                 staged = RunFolder(commit.staging)
                 if not self.dataset.exists():
-                    dataset.save(staged.dataset)
+                    dataset.save(staged.dataset, geometry_from=geometry_from)
                 for kind, model in models.items():
                     model.save(staged.model(kind))
                 save_metrics(table, staged.root)

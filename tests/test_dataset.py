@@ -1,5 +1,6 @@
 """SpatialDataset: building, scaling, splitting, dropping, summary and the file round trip."""
 
+import dataclasses
 from pathlib import Path
 
 import geopandas as gpd
@@ -220,3 +221,25 @@ def test_load_sample_dataset_hawaii():
     assert ds.region.code == "HI" and ds.quarters == ["2023Q4"] and 1500 < len(ds) < 1700
     with pytest.raises(RegionError, match="Puerto Rico"):
         load_sample_dataset("TX")
+
+
+def test_a_dataset_loaded_without_polygons_saves_them_from_its_source_file(tmp_path, monkeypatch):
+    """``geodbk fit`` loads datasets without their tile polygons (1.6 KB a row as shapely
+    objects); the run's copy takes them from the source file, batch by batch, in row order."""
+    import geodbk.dataset.spatial_dataset as module
+
+    source = tmp_path / "full.parquet"
+    load_sample_dataset("PR", quarters=["2023Q3", "2023Q4"]).save(source)
+    light = SpatialDataset.load(source, geometry=False)
+    assert "geometry" not in light.frame.columns and not isinstance(light.frame, gpd.GeoDataFrame)
+    resplit = light.with_split("spatial-block")
+    monkeypatch.setattr(module, "SAVE_BATCH_ROWS", 1000)  # several batches
+    resplit.save(tmp_path / "run.parquet", geometry_from=source)
+    expected = SpatialDataset.load(source).with_split("spatial-block")
+    back = SpatialDataset.load(tmp_path / "run.parquet")
+    pd.testing.assert_frame_equal(back.frame, expected.frame)
+    assert back.metadata() == expected.metadata() and back.split_protocol == "spatial-block"
+    with pytest.raises(InputDataError, match="geometry_from"):
+        resplit.save(tmp_path / "nowhere.parquet")
+    with pytest.raises(InputDataError, match="rows"):
+        dataclasses.replace(resplit, frame=resplit.frame.iloc[:10]).save(tmp_path / "x.parquet", geometry_from=source)

@@ -243,7 +243,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
         "test_noise": False if args.no_test_noise else None,
     }
     model_config = get_protocol(args.protocol).model_config(preset, **overrides)
-    dataset = SpatialDataset.load(args.dataset)
+    dataset = SpatialDataset.load(args.dataset, geometry=False)  # polygons: 1.6 KB a row, not needed to fit
     if args.split is not None:
         dataset = dataset.with_split(args.split, seed=args.seed, block_m=1000.0 * args.block_km)
     n_train = int((dataset.frame["split"] == "train").sum())
@@ -268,7 +268,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
         return 0
     # saved only once all fits succeeded, models and metrics together under the folder's lock:
     # a failed or killed fit leaves the run folder as it was, and earlier models' rows are kept
-    table = run.save_fits(dataset, models, results, overwrite=args.overwrite)
+    table = run.save_fits(dataset, models, results, overwrite=args.overwrite, geometry_from=args.dataset)
     echo(format_metrics_table(table))
     return 0
 

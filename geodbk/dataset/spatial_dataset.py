@@ -19,6 +19,7 @@ from pathlib import Path
 import geopandas as gpd
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import shapely
 
@@ -42,6 +43,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
 }
 SPLITS = ("train", "val", "test")
 _METADATA_KEY = b"geodbk"
+#: Rows per batch when a dataset without its polygons is saved over the file it came from.
+SAVE_BATCH_ROWS = 65536
 _FORMAT_VERSION = 1
 
 
@@ -184,9 +187,18 @@ class SpatialDataset:
             "block_m": float(self.block_m),
         }
 
-    def save(self, path: str | Path) -> Path:
-        """Write GeoParquet with the metadata; atomic (temp file in the same folder, then rename)."""
+    def save(self, path: str | Path, *, geometry_from: str | Path | None = None) -> Path:
+        """Write GeoParquet with the metadata; atomic (temp file in the same folder, then rename).
+
+        A dataset loaded without its tile polygons (``load(..., geometry=False)``) takes them
+        from ``geometry_from``, the file it was loaded from: that file is copied batch by batch
+        with this dataset's columns other than the geometry, so memory stays flat.
+        """
         path = Path(path)
+        if "geometry" not in self.frame.columns:
+            if geometry_from is None:
+                raise InputDataError("this dataset was loaded without its tile polygons; give geometry_from")
+            return self._save_over(Path(geometry_from), path)
         buffer = io.BytesIO()
         self.frame.to_parquet(buffer, index=False)
         table = pq.read_table(io.BytesIO(buffer.getvalue()))
@@ -197,13 +209,46 @@ class SpatialDataset:
             pq.write_table(table, tmp)
         return path
 
+    def _save_over(self, source: Path, path: Path) -> Path:
+        """:meth:`save` of a geometry-free dataset: ``source``'s batches (its geometry column) with
+        this frame's other columns, in the same row order, and this dataset's metadata."""
+        reader = pq.ParquetFile(source)
+        if reader.metadata.num_rows != len(self.frame):
+            raise InputDataError(f"{source} has {reader.metadata.num_rows} rows, the dataset {len(self.frame)}")
+        meta = dict(reader.schema_arrow.metadata or {})
+        meta[_METADATA_KEY] = json.dumps(self.metadata()).encode()
+        schema = reader.schema_arrow.with_metadata(meta)
+        start = 0
+        with atomic_path(path) as tmp:
+            writer = None
+            try:
+                for batch in reader.iter_batches(batch_size=SAVE_BATCH_ROWS, columns=["geometry"]):
+                    rows = self.frame.iloc[start : start + batch.num_rows].reset_index(drop=True)
+                    table = pa.Table.from_pandas(rows, preserve_index=False).append_column(
+                        "geometry", batch.column("geometry"))
+                    table = table.select(schema.names).cast(schema)  # the source's column order and types
+                    if writer is None:
+                        writer = pq.ParquetWriter(tmp, schema)
+                    writer.write_table(table)
+                    start += batch.num_rows
+            finally:
+                if writer is not None:
+                    writer.close()
+        return path
+
     @classmethod
-    def load(cls, path: str | Path) -> SpatialDataset:
-        """Read a file written by :meth:`save`."""
+    def load(cls, path: str | Path, *, geometry: bool = True) -> SpatialDataset:
+        """Read a file written by :meth:`save`. ``geometry=False`` leaves out the tile polygons
+        (about 1.6 KB a row in memory as shapely objects): the frame is then a plain DataFrame,
+        enough to fit and score a model, and :meth:`save` takes the polygons from ``path``."""
         path = Path(path)
         try:
             schema_meta = pq.read_schema(path).metadata or {}
-            frame = gpd.read_parquet(path)
+            if geometry:
+                frame = gpd.read_parquet(path)
+            else:
+                names = [name for name in pq.read_schema(path).names if name != "geometry"]
+                frame = pq.read_table(path, columns=names).to_pandas()
         except Exception as err:  # pyarrow and geopandas raise several types for bad files
             raise InputDataError(f"cannot read dataset file {path}: {err}") from err
         if _METADATA_KEY not in schema_meta:
