@@ -179,14 +179,18 @@ class Server:
         return errors
 
 
-@pytest.fixture(scope="module")
-def server(run_folder: Path, tmp_path_factory: pytest.TempPathFactory):
-    srv = Server(run_folder, tmp_path_factory.mktemp("serve") / "panel.log")
+def serving(srv: Server):
+    """A fixture's body: the server once it answers, stopped afterwards."""
     try:
         srv.wait_ready()
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(run_folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    yield from serving(Server(run_folder, tmp_path_factory.mktemp("serve") / "panel.log"))
 
 
 def write_polygons(path: Path) -> Path:
@@ -211,23 +215,14 @@ def polygon_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def polygon_server(run_folder: Path, polygon_file: Path, tmp_path_factory: pytest.TempPathFactory):
     """The same page with ``--polygons``: an area summary table under the map."""
-    srv = Server(run_folder, tmp_path_factory.mktemp("serve-polygons") / "panel.log", polygons=polygon_file)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+    log = tmp_path_factory.mktemp("serve-polygons") / "panel.log"
+    yield from serving(Server(run_folder, log, polygons=polygon_file))
 
 
 @pytest.fixture(scope="module")
 def basemap_server(run_folder: Path, tmp_path_factory: pytest.TempPathFactory):
     """The same page with its basemap on (no ``--no-basemap``)."""
-    srv = Server(run_folder, tmp_path_factory.mktemp("serve-basemap") / "panel.log", basemap=True)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+    yield from serving(Server(run_folder, tmp_path_factory.mktemp("serve-basemap") / "panel.log", basemap=True))
 
 
 # --- the browser --------------------------------------------------------------------------
