@@ -10,7 +10,7 @@ Stages, each a fresh subprocess so that its wall time and peak RSS (``os.wait4``
 generate           the global files (skipped, and not shown, when reused)
 ingest-ga          ``geodbk ingest --tiles <every quarter> --region GA``
 ingest-conus       the same with the contiguous states' union (AK, HI and territories left out)
-fit                :func:`geodbk.fit.geomodel.fit_dataset` of dbk-rbf at the CPU preset
+fit                :func:`geodbk.fit.fitting.fit_dataset` of dbk-rbf at the CPU preset
                    (h 64, r 128, batch 1024) on the CONUS dataset for one epoch, then the
                    conjugate posterior and the local residual field, as ``geodbk fit`` does;
                    the epoch is timed to its checkpoint (start of the fit to the end of epoch 1
@@ -167,7 +167,7 @@ def stage_fit(dataset: Path, model_path: Path, checkpoint: Path) -> None:
     from geodbk.dataset.spatial_dataset import SpatialDataset
     from geodbk.fit.fitting import fit_dataset
 
-    data = SpatialDataset.load(dataset)
+    data = SpatialDataset.load(dataset, geometry=False)  # as geodbk fit loads it
     start = time.time()  # the CPU preset, as geodbk fit uses it
     model = fit_dataset(data, "dbk-rbf", epochs=1, progress=False, device="cpu", checkpoint_path=str(checkpoint))
     total = time.time() - start
