@@ -116,6 +116,8 @@ def test_a_change_needs_two_fitted_quarters_and_check_domain_refuses_far_places_
         model.change_span("last-year")
     with pytest.raises(InputDataError, match="no quarter"):
         model.map_time([])
+    with pytest.raises(InputDataError, match="two quarters"):
+        model.change_span(("2023Q2", "2023Q3", "2023Q4"))
     model.check_domain(model.fitted_region().geometry)  # its own region and quarter: fine
     florida = shapely.box(-82.0, 27.0, -81.0, 28.0)
     with pytest.raises(InputDataError, match="outside"):

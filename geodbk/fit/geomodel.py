@@ -362,8 +362,10 @@ class GeoModel:
                                      f"{len(self.info.quarters)}")
             first, latest = Quarter.parse(self.info.quarters[0]), Quarter.parse(self.info.quarters[-1])
             return str(max(latest.shift(-4), first)), str(latest)
-        start, end = Quarter.parse_span(change) if isinstance(change, str) else map(Quarter.parse, change)
-        return str(start), str(end)
+        pair = Quarter.parse_span(change) if isinstance(change, str) else [Quarter.parse(q) for q in change]
+        if len(pair) != 2:
+            raise InputDataError(f"a change is between two quarters, from and to; got {change!r}")
+        return str(pair[0]), str(pair[1])
 
     def check_domain(
         self, geometry: shapely.Geometry, quarters: str | Sequence[str] = "latest",
