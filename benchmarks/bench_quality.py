@@ -35,14 +35,19 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import pandas as pd
+import torch
 from peers import PEERS, VARIANTS, fit_peer, missing_peers  # benchmarks/peers.py, beside this script
 
+from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
+from geodbk.dataset.splits import block_ids
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M
 from geodbk.models.config import TrainConfig
+from geodbk.models.objectives import gaussian_nll
 from geodbk.workflow import DemoConfig, evaluate_on_test
 
 SPACE_TIME_MODELS = ("dbk-rbf", "sv-dkl", "knn")
@@ -67,8 +72,9 @@ def expand_models(models: list[str]) -> list[str]:
 
 def fit_and_score(
     dataset: SpatialDataset, kind: str, protocol: str, train_config: TrainConfig, on: str, **fit_kw
-) -> tuple[pd.DataFrame, float]:
-    """Metrics (overall, urban, rural) of one fit on split ``on`` and the fit's seconds.
+) -> tuple[pd.DataFrame, float, np.ndarray]:
+    """Metrics (overall, urban, rural) of one fit on split ``on``, the fit's seconds and the
+    per-row NLL (n,) of the split's rows in frame order.
 
     ``kind`` is a model kind of the zoo or a peer row ``"<peer>:<variant>"`` (space-time
     protocol only). Forecast's test quarter is one quarter ahead of training by design, so
@@ -86,20 +92,46 @@ def fit_and_score(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
         # a peer has the predict_tiles of a GeoModel, all that evaluate_on_test calls
-        return evaluate_on_test(model, dataset, on), seconds
+        rows = dataset.subset(on)
+        scored = model.predict_tiles(rows).measurement()
+        per_row = gaussian_nll(*(torch.as_tensor(np.asarray(a, np.float64)) for a in (
+            rows["y"], scored.mean, scored.sd**2))).numpy()
+        return evaluate_on_test(model, dataset, on), seconds, per_row
+
+
+def resampling_units(dataset: SpatialDataset, on: str) -> np.ndarray:
+    """(n,) unit of each row of split ``on`` for the bootstrap: its spatial block under the
+    spatial-block split (the unit the split holds out), else its tile (a tile's quarters are
+    correlated)."""
+    rows = dataset.subset(on)
+    if dataset.split_protocol == "spatial-block":
+        lonlat = rows[["lon", "lat"]].to_numpy(np.float64)
+        projection = ProjectedTransform.from_lonlat(dataset.frame[["lon", "lat"]].to_numpy(np.float64))
+        return block_ids(projection.to_metres(lonlat), dataset.block_m)
+    return np.unique(rows["quadkey"].to_numpy(), return_inverse=True)[1].reshape(-1)
+
+
+def bootstrap_difference(difference: np.ndarray, units: np.ndarray, draws: int = 2000, seed: int = 0) -> float:
+    """The bootstrap sd of the mean of ``difference`` (n,) when whole ``units`` (n,) are resampled."""
+    n_units = int(units.max()) + 1
+    sums, counts = np.bincount(units, difference, n_units), np.bincount(units, minlength=n_units)
+    picks = np.random.default_rng(seed).integers(0, n_units, (draws, n_units))
+    return float(np.std(sums[picks].sum(1) / counts[picks].sum(1)))
 
 
 def quality_table(
     region: str, splits: list[str], models: list[str], train_config: TrainConfig, on: str, protocols: list[str]
-) -> pd.DataFrame:
-    rows = []
+) -> tuple[pd.DataFrame, list[str]]:
+    """The long metrics table of one region, and dbk-rbf's NLL minus each map peer's per split with
+    its bootstrap sd: how much of a difference the draw of test blocks (or tiles) can make."""
+    rows, nll = [], {}
     base = load_sample_dataset(region, "download")
     space_time = expand_models(models) if "space-time" in protocols else []
     runs = [("space-time", split, kind) for split in splits for kind in space_time]
     runs += [("paper", "random", kind) for kind in PAPER_MODELS if "random" in splits and "paper" in protocols]
     for protocol, split, kind in runs:
         dataset = base.with_split(split)
-        metrics, seconds = fit_and_score(dataset, kind, protocol, train_config, on)
+        metrics, seconds, nll[(protocol, split, kind)] = fit_and_score(dataset, kind, protocol, train_config, on)
         for group in GROUPS:
             row = metrics.loc[group]
             rows.append({"protocol": protocol, "split": split, "model": kind, "group": group,
@@ -107,7 +139,20 @@ def quality_table(
         overall = metrics.loc["overall"]
         print(f"  {region} {protocol:10s} {split:13s} {kind:14s} NLL {overall.NLL:.4f} MAE {overall.MAE:.4f} "
               f"cover {100 * overall.coverage95:.1f}%  ({seconds:.0f} s)", file=sys.stderr, flush=True)
-    return pd.DataFrame(rows)
+    comparisons = []
+    for split in splits:
+        ours = nll.get(("space-time", split, "dbk-rbf"))
+        peers = [peer for peer in MAP_PEERS if ("space-time", split, peer) in nll]
+        if ours is None or not peers:
+            continue
+        units = resampling_units(base.with_split(split), on)
+        what = "blocks" if split == "spatial-block" else "tiles"
+        for peer in peers:
+            difference = ours - nll[("space-time", split, peer)]
+            spread = bootstrap_difference(difference, units)
+            comparisons.append(f"{split}: dbk-rbf NLL minus {peer} {difference.mean():+.4f} +/- {spread:.4f} "
+                               f"(bootstrap over {units.max() + 1} {what})")
+    return pd.DataFrame(rows), comparisons
 
 
 def wide(table: pd.DataFrame) -> pd.DataFrame:
@@ -174,7 +219,7 @@ def tune(regions: list[str], train_config: TrainConfig) -> None:
         for split in ("random", "spatial-block"):
             dataset = base.with_split(split)
             for scales, metres in grid:
-                metrics, _ = fit_and_score(dataset, "dbk-rbf", "space-time", train_config, "val",
+                metrics, _, _ = fit_and_score(dataset, "dbk-rbf", "space-time", train_config, "val",
                                            encoding_scales=scales, min_wavelength_m=metres)
                 nll = metrics.loc["overall", "NLL"]
                 print(f"  {region} {split:13s} scales {scales:2d}  {metres:6.0f} m  val NLL {nll:.4f}", flush=True)
@@ -207,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         models = [m for m in models if m.split(":", 1)[0] not in missing]
     failed = 0
     for region in regions:
-        table = quality_table(
+        table, comparisons = quality_table(
             region, args.splits.split(","), models, schedule, args.eval, args.protocols.split(",")
         )
         print(f"\n## {region} download, {args.eval} split (y = log10 Mbps; coverage in %; fit seconds)\n")
@@ -216,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         for ok, text in checks(table):
             failed += not ok
             print(f"{'PASS' if ok else 'FAIL'}  {region} {text}")
+        for text in comparisons:
+            print(f"      {region} {text}")
     return 0 if failed == 0 else 1
 
 

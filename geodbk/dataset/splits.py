@@ -54,7 +54,7 @@ def random_split(n: int, seed: int) -> np.ndarray:
     return labels
 
 
-def _block_ids(xy_m: np.ndarray, block_m: float = DEFAULT_BLOCK_M) -> np.ndarray:
+def block_ids(xy_m: np.ndarray, block_m: float = DEFAULT_BLOCK_M) -> np.ndarray:
     """``(n,)`` int64 block index in ``[0, n_blocks)`` of ``(n, 2)`` points in metres.
 
     A block is the square ``floor(xy_m / block_m)``; indices follow the sorted block
@@ -97,7 +97,7 @@ def spatial_block_split(xy_m: np.ndarray, seed: int, block_m: float = DEFAULT_BL
     ``default_rng(seed)`` and filled in that order by row count to 80% train, 10% val
     and the rest test (see :func:`_block_cuts`); each split gets at least one block.
     """
-    ids = _block_ids(xy_m, block_m)
+    ids = block_ids(xy_m, block_m)
     n_blocks = int(ids.max()) + 1 if ids.size else 0
     if n_blocks < 3:
         raise InputDataError(
