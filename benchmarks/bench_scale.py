@@ -324,7 +324,7 @@ class Inputs:
 
 
 def build_inputs(data: TileRows, dtype: torch.dtype, seed: int, chunk: int = 1 << 19) -> Inputs:
-    """The space-time inputs of :func:`geodbk.fit.geomodel.fit_dataset`, built in chunks of rows."""
+    """The space-time inputs of :func:`geodbk.fit.fitting.fit_dataset`, built in chunks of rows."""
     _, first = np.unique(data.tile, return_index=True)
     coords = ProjectedTransform.from_lonlat(np.column_stack([data.lon[first], data.lat[first]]))
     labels = random_split(len(data.y), seed)

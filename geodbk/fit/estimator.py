@@ -7,7 +7,7 @@ in ``regressor_``; ``predict(X, return_std=True)`` has the signature of scikit-l
 come in: it standardises ``y`` (inside the regressor) but not ``X``, so put a
 ``StandardScaler`` in front of it for inputs that are not already of order one, as for any
 neural network in scikit-learn. Maps from lon/lat and quarters are the job of
-:func:`geodbk.fit.geomodel.fit_dataset`, which builds the inputs for you.
+:func:`geodbk.fit.fitting.fit_dataset`, which builds the inputs for you.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The fitting protocols as values: :class:`Protocol` carries a protocol's input space, its
-model-config defaults and its residual policy, so that :func:`geodbk.fit.geomodel.fit_dataset`
+model-config defaults and its residual policy, so that :func:`geodbk.fit.fitting.fit_dataset`
 is the one place that assembles a fit's settings.
 
 The space-time protocol's settings were chosen on validation data: positional encoding, noise

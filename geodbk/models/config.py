@@ -126,7 +126,7 @@ class ModelConfig:
             two input columns (0 = no encoding, the paper's design). Every ResNet kind uses it.
         encoding_min_wavelength, encoding_max_wavelength: its shortest and longest
             wavelength in input units (maps set the shortest from metres, see
-            :func:`geodbk.fit.geomodel.fit_dataset`).
+            :func:`geodbk.fit.fitting.fit_dataset`).
         test_noise: learn the noise sigma0^2 + sigma1^2 / tests (``tests`` = the number of
             speed tests a row averages) instead of one sigma^2.
         options: kind-specific extras, read by the kind's builder (documented there).
