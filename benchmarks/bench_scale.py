@@ -24,10 +24,11 @@ Training
     :class:`~geodbk.dataset.coords.ProjectedTransform` fitted to the distinct tile centres and a
     :class:`~geodbk.dataset.inputs.TimeAxis` over the training quarters, the rows split 8:1:1 by
     :func:`geodbk.dataset.splits.random_split`, targets standardised on the train rows, and
-    the space-time :class:`~geodbk.fit.protocol.Protocol`'s configs with the positional encoding's
-    shortest wavelength set by :func:`~geodbk.fit.protocol.with_encoding_wavelength`. dbk-rbf of the ``--preset``
-    size (cpu: h = 64, r = 128, batch 1024) is then trained with :class:`geodbk.fit.step.TrainingStep`
-    and :func:`geodbk.fit.step.train_epoch`, the loop of :func:`geodbk.fit.train.fit_arrays`. Setup
+    the space-time :class:`~geodbk.fit.protocol.Protocol`'s configs for those inputs
+    (:meth:`~geodbk.fit.protocol.Protocol.fit_configs`: encoding wavelength, coordinate jitter).
+    dbk-rbf of the ``--preset`` size (cpu: h = 64, r = 128, batch 1024) is then trained with
+    :class:`geodbk.fit.step.TrainingStep` and :func:`geodbk.fit.step.train_epoch`, the loop of
+    :func:`geodbk.fit.train.fit_arrays`. Setup
     (tensors on the device, model, optimizer) is timed apart from the epochs; each epoch is
     timed as its training pass and its validation pass (the predictive NLL of the val rows that
     fit_arrays computes after every epoch). With ``--max-steps`` only that many steps of each
@@ -82,7 +83,7 @@ from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.splits import random_split
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.geomodel import GeoModel
-from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME, with_encoding_wavelength
+from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME
 from geodbk.fit.regressor import Regressor, build_model
 from geodbk.fit.step import TrainingStep, train_epoch
 from geodbk.fit.train import make_optimizer, mean_nll
@@ -408,7 +409,9 @@ def train(device: torch.device, inputs: Inputs, config: ModelConfig, tc: TrainCo
         model = build_model(KIND, 3, config).to(device)
         objective = get_model_spec(KIND).objective
         assert objective is not None  # dbk-rbf is trained by a loss, not fitted in closed form
-        step = TrainingStep(model, objective(tc), make_optimizer(model, tc), *train_rows)
+        step = TrainingStep(
+            model, objective(tc), make_optimizer(model, tc), *train_rows, coordinate_jitter=tc.coordinate_jitter
+        )
         return step, val_rows
 
     (step, (X_val, y_val, tests_val)), setup_s = timed(setup, device)
@@ -681,8 +684,7 @@ def main() -> None:
     print_data(data, pr, generate_s, generate_peak, inputs_s, inputs)
 
     preset = PRESETS[args.preset]
-    config, tc = SPACE_TIME.configs(preset.name, dtype=args.dtype, progress=False)  # as geodbk fit assembles them
-    config = with_encoding_wavelength(config, inputs.space)
+    config, tc = SPACE_TIME.fit_configs(inputs.space, preset.name, dtype=args.dtype, progress=False)  # as fit_dataset
     if args.grid_only:
         regressor = untrained(inputs, config, tc)
     else:

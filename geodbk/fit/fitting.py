@@ -17,7 +17,7 @@ from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.fit.geomodel import GeoModel
-from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol, with_encoding_wavelength
+from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol
 from geodbk.fit.residuals import ResidualField
 from geodbk.fit.train import fit_arrays
 from geodbk.models.zoo import get_model_spec
@@ -30,6 +30,7 @@ def fit_dataset(
     protocol: str | Protocol = "space-time",
     preset: str = "cpu",
     min_wavelength_m: float = MIN_WAVELENGTH_M,
+    coordinate_jitter_m: float | None = None,
     local_residuals: bool = True,
     conjugate_posterior: bool = True,
     **overrides: Any,
@@ -45,6 +46,9 @@ def fit_dataset(
         preset: size and schedule, ``"cpu"`` (the default) or ``"paper"``.
         min_wavelength_m: shortest positional-encoding wavelength in metres (protocols with an
             encoding); converted to the data's input units.
+        coordinate_jitter_m: sd of the noise added to the training batches' places, metres
+            (``None`` = the protocol's: 3 km for space-time, none for paper); see
+            :attr:`~geodbk.models.config.TrainConfig.coordinate_jitter`.
         local_residuals: for GP kinds, add a :class:`~geodbk.fit.residuals.ResidualField`
             fitted to the training residuals (hyperparameters chosen on the validation rows),
             where the protocol has one. ``False`` is an ablation.
@@ -59,8 +63,9 @@ def fit_dataset(
     """
     rules = get_protocol(protocol)
     inputs = rules.input_space(dataset)
-    model_config, train_config = rules.configs(preset, **overrides)
-    model_config = with_encoding_wavelength(model_config, inputs, min_wavelength_m)
+    model_config, train_config = rules.fit_configs(
+        inputs, preset, min_wavelength_m=min_wavelength_m, coordinate_jitter_m=coordinate_jitter_m, **overrides
+    )
 
     def rows(part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         lonlat, years = part[["lon", "lat"]].to_numpy(np.float64), quarter_years(part["year"], part["quarter"])

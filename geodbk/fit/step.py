@@ -64,6 +64,9 @@ class TrainingStep:
         tests: (n,) test counts, or ``None``.
         capture: use CUDA graphs; ``None`` = when ``X`` is on CUDA and not data-parallel.
         data_parallel: this process's place in a process group, for data-parallel steps.
+        coordinate_jitter: sd of the Gaussian noise added to each batch's first two columns
+            (:attr:`~geodbk.models.config.TrainConfig.coordinate_jitter`), from torch's global
+            generator on ``X``'s device (which CUDA-graph replays advance); 0 = none.
     """
 
     def __init__(
@@ -77,7 +80,11 @@ class TrainingStep:
         *,
         capture: bool | None = None,
         data_parallel: DataParallel | None = None,
+        coordinate_jitter: float = 0.0,
     ) -> None:
+        if not (math.isfinite(coordinate_jitter) and coordinate_jitter >= 0.0):
+            raise ValueError(f"coordinate_jitter must be a finite number >= 0, got {coordinate_jitter}")
+        self.coordinate_jitter = float(coordinate_jitter)
         self.model, self.objective, self.optimizer = model, objective, optimizer
         self.X, self.y, self.tests = X, y, tests
         self.n = len(X)
@@ -104,6 +111,9 @@ class TrainingStep:
         else:
             xb, yb = self.X.index_select(0, index), self.y.index_select(0, index)
             tb = None if self.tests is None else self.tests.index_select(0, index)
+        if self.coordinate_jitter > 0.0:
+            noise = torch.randn_like(xb[:, :2]) * self.coordinate_jitter
+            xb = torch.cat([xb[:, :2] + noise, xb[:, 2:]], dim=1)
         parallel = self.data_parallel
         with contextlib.nullcontext() if parallel is None else parallel.sharded_rows(self.model):
             loss = self.objective(self.model, xb, yb, self.n, tb)

@@ -209,7 +209,9 @@ def fit_arrays(
         disable=not tcfg.progress or (parallel is not None and not parallel.is_main),
         leave=False,
     )
-    step = TrainingStep(model, objective, optimizer, Xt, yt, counts, data_parallel=parallel)
+    step = TrainingStep(
+        model, objective, optimizer, Xt, yt, counts, data_parallel=parallel, coordinate_jitter=tcfg.coordinate_jitter
+    )
     for epoch in bar:
         loss = train_epoch(step, tcfg, spec.full_batch, generator, kind=kind, epoch=epoch + 1)
         objective.refresh(model, Xt, yt, counts)

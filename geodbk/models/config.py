@@ -198,6 +198,12 @@ class TrainConfig:
         full_batch_max: row cap per step for full-batch objectives; above it each step
             uses a fresh random subset of this size.
         eval_batch_size: rows per batch when computing validation predictions.
+        coordinate_jitter: sd of the Gaussian noise added to the two coordinate columns (the
+            first two input columns) of every training batch, in input units; 0 adds none.
+            Training on jittered places fits the regression of y on a place blurred by that
+            much (input noise acts as a smoothness penalty), so the deep kernel learns the
+            regional surface and leaves tile-scale detail to the local residual field. The
+            space-time protocol sets it from metres (:data:`geodbk.fit.protocol.COORDINATE_JITTER_M`).
     """
 
     epochs: int = CPU.epochs
@@ -214,6 +220,7 @@ class TrainConfig:
     resume_from: str | None = None
     full_batch_max: int = 100_000
     eval_batch_size: int = 65536
+    coordinate_jitter: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
