@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int)
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", ExtrapolationWarning)
-    schedule = DemoConfig(progress=False, epochs=args.epochs).train_config()
+    demo = DemoConfig(progress=False, epochs=args.epochs)  # its settings over the protocol's, as the demo
 
     if args.run:
         run = Path(args.run)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 peer = peers.fit_peer(dataset, *model_name.split(":"))
                 name, score = model_name, independent_areas(peer.predict_tiles)
             else:
-                model = fit_dataset(dataset, model_name, **schedule.to_dict())
+                model = fit_dataset(dataset, model_name, **demo.overrides())
                 name, score = model_name, joint_areas(model)
             table = calibration(score, sets)
             table["coverage95"] *= 100

@@ -16,8 +16,8 @@ picks one variant of a peer.
 
 Choices are made on validation data (``--eval val``); reports use the test split
 (``--eval test``, the default). ``--tune`` instead prints the validation NLL of dbk-rbf
-over a grid of positional-encoding settings (the defaults in :mod:`geodbk.fit.geomodel` are
-checked against it).
+over a grid of positional-encoding settings and of coordinate jitters (the defaults in
+:mod:`geodbk.fit.protocol` came from it).
 
 Usage::
 
@@ -45,8 +45,7 @@ from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.dataset.splits import block_ids
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
-from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M
-from geodbk.models.config import TrainConfig
+from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME
 from geodbk.models.objectives import gaussian_nll
 from geodbk.workflow import DemoConfig, evaluate_on_test
 
@@ -57,6 +56,8 @@ DEFAULT_MODELS = (*SPACE_TIME_MODELS, *PEERS)
 MAP_PEERS = tuple(f"{peer}:map" for peer in PEERS)
 PAPER_MODELS = ("dbk-rbf", "sv-dkl", "sv-rbf")
 SPLITS = ("random", "spatial-block", "forecast")
+#: Coordinate jitters (m) that ``--tune`` tries (the default, 3 km, came from them).
+JITTER_GRID_M = (0.0, 1500.0, 3000.0, 5000.0, 8000.0)
 COLUMNS = ["NLL", "MAE", "CRPS", "coverage95", "pi_width"]
 GROUPS = ("overall", "urban", "rural")
 
@@ -71,7 +72,7 @@ def expand_models(models: list[str]) -> list[str]:
 
 
 def fit_and_score(
-    dataset: SpatialDataset, kind: str, protocol: str, train_config: TrainConfig, on: str, **fit_kw
+    dataset: SpatialDataset, kind: str, protocol: str, demo: DemoConfig, on: str, **fit_kw
 ) -> tuple[pd.DataFrame, float, np.ndarray]:
     """Metrics (overall, urban, rural) of one fit on split ``on``, the fit's seconds and the
     per-row NLL (n,) of the split's rows in frame order.
@@ -85,9 +86,9 @@ def fit_and_score(
         peer, variant = kind.split(":", 1)
         if protocol != "space-time":
             raise ValueError(f"the peer {kind} has no {protocol!r} protocol")
-        model = fit_peer(dataset, peer, variant, seed=train_config.seed)
-    else:
-        model = fit_dataset(dataset, kind, protocol=protocol, **train_config.to_dict(), **fit_kw)
+        model = fit_peer(dataset, peer, variant, seed=demo.seed)
+    else:  # the demo's settings over the protocol's, as geodbk fit and the demo fit
+        model = fit_dataset(dataset, kind, protocol=protocol, **demo.overrides(), **fit_kw)
     seconds = time.perf_counter() - start
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
@@ -120,7 +121,7 @@ def bootstrap_difference(difference: np.ndarray, units: np.ndarray, draws: int =
 
 
 def quality_table(
-    region: str, splits: list[str], models: list[str], train_config: TrainConfig, on: str, protocols: list[str]
+    region: str, splits: list[str], models: list[str], demo: DemoConfig, on: str, protocols: list[str]
 ) -> tuple[pd.DataFrame, list[str]]:
     """The long metrics table of one region, and dbk-rbf's NLL minus each map peer's per split with
     its bootstrap sd: how much of a difference the draw of test blocks (or tiles) can make."""
@@ -131,7 +132,7 @@ def quality_table(
     runs += [("paper", "random", kind) for kind in PAPER_MODELS if "random" in splits and "paper" in protocols]
     for protocol, split, kind in runs:
         dataset = base.with_split(split)
-        metrics, seconds, nll[(protocol, split, kind)] = fit_and_score(dataset, kind, protocol, train_config, on)
+        metrics, seconds, nll[(protocol, split, kind)] = fit_and_score(dataset, kind, protocol, demo, on)
         for group in GROUPS:
             row = metrics.loc[group]
             rows.append({"protocol": protocol, "split": split, "model": kind, "group": group,
@@ -210,19 +211,26 @@ def checks(table: pd.DataFrame) -> list[tuple[bool, str]]:
     return out
 
 
-def tune(regions: list[str], train_config: TrainConfig) -> None:
-    """Validation NLL of dbk-rbf (random and spatial-block splits) over encoding settings."""
+def tune(regions: list[str], demo: DemoConfig) -> None:
+    """Validation NLL of dbk-rbf (random and spatial-block splits) over the positional encoding
+    and, at the default encoding, over the coordinate jitter."""
     grid = [(0, MIN_WAVELENGTH_M), (4, 1000.0), (8, 1000.0), (8, 500.0), (12, 300.0)]
-    print("dbk-rbf validation NLL by positional encoding (scales, shortest wavelength in m):")
+    print("dbk-rbf validation NLL by positional encoding (scales, shortest wavelength in m) and by "
+          "coordinate jitter (m):")
     for region in regions:
         base = load_sample_dataset(region, "download")
         for split in ("random", "spatial-block"):
             dataset = base.with_split(split)
             for scales, metres in grid:
-                metrics, _, _ = fit_and_score(dataset, "dbk-rbf", "space-time", train_config, "val",
-                                           encoding_scales=scales, min_wavelength_m=metres)
+                metrics, _, _ = fit_and_score(dataset, "dbk-rbf", "space-time", demo, "val",
+                                              encoding_scales=scales, min_wavelength_m=metres)
                 nll = metrics.loc["overall", "NLL"]
                 print(f"  {region} {split:13s} scales {scales:2d}  {metres:6.0f} m  val NLL {nll:.4f}", flush=True)
+            for jitter in JITTER_GRID_M:
+                metrics, _, _ = fit_and_score(dataset, "dbk-rbf", "space-time", demo, "val",
+                                              coordinate_jitter_m=jitter)
+                nll = metrics.loc["overall", "NLL"]
+                print(f"  {region} {split:13s} jitter {jitter:6.0f} m  val NLL {nll:.4f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,14 +243,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", choices=("val", "test"), default="test")
     parser.add_argument("--epochs", type=int, help="default: the CPU schedule of geodbk fit / the demo")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--tune", action="store_true", help="print the encoding grid on validation data instead")
+    parser.add_argument("--tune", action="store_true",
+                        help="print the encoding and jitter grids on validation data instead")
     args = parser.parse_args(argv)
-    schedule = DemoConfig(device=args.device, progress=False, epochs=args.epochs).train_config()
+    demo = DemoConfig(device=args.device, progress=False, epochs=args.epochs)
+    schedule = demo.train_config()
     regions = [r.strip() for r in args.regions.split(",") if r.strip()]
     print(f"schedule: {schedule.epochs} epochs, lr {schedule.lr:g}, batch {schedule.batch_size}; "
-          f"encoding {ENCODING_SCALES} scales down to {MIN_WAVELENGTH_M:g} m; metrics on the {args.eval} split")
+          f"encoding {ENCODING_SCALES} scales down to {MIN_WAVELENGTH_M:g} m; coordinate jitter "
+          f"{SPACE_TIME.coordinate_jitter_m:g} m; metrics on the {args.eval} split")
     if args.tune:
-        tune(regions, schedule)
+        tune(regions, demo)
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     missing = missing_peers(sorted({m.split(":", 1)[0] for m in models}))
@@ -253,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for region in regions:
         table, comparisons = quality_table(
-            region, args.splits.split(","), models, schedule, args.eval, args.protocols.split(",")
+            region, args.splits.split(","), models, demo, args.eval, args.protocols.split(",")
         )
         print(f"\n## {region} download, {args.eval} split (y = log10 Mbps; coverage in %; fit seconds)\n")
         print(wide(table).to_string())
