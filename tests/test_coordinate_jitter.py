@@ -39,16 +39,33 @@ def test_each_batch_sees_its_places_moved_by_noise_of_the_given_sd_and_its_time_
     gen = torch.Generator().manual_seed(1)
     X, y = torch.rand(20_000, 3, generator=gen, dtype=torch.float64), torch.zeros(20_000, dtype=torch.float64)
     step, objective = _step(X, y, 0.05, nn.Linear(3, 1, dtype=torch.float64))
+    step.draw_place_noise(torch.Generator().manual_seed(3))
     step.step(None)
     step.step(torch.arange(0, 20_000, 2))
-    whole, half = objective.seen
+    step.draw_place_noise(torch.Generator().manual_seed(4))  # the next epoch
+    step.step(torch.arange(0, 20_000, 2))
+    whole, half, next_epoch = objective.seen
     moved = whole[:, :2] - X[:, :2]
     assert moved.std().item() == pytest.approx(0.05, rel=0.02)
     assert abs(moved.mean().item()) < 0.05 * 4 / math.sqrt(moved.numel())
     assert abs(np.corrcoef(moved[:, 0], moved[:, 1])[0, 1]) < 0.03  # independent per coordinate
-    assert torch.equal(whole[:, 2], X[:, 2]) and torch.equal(half[:, 2], X[::2, 2])
-    again = half[:, :2] - X[::2, :2]
-    assert abs(np.corrcoef(again[:, 0], moved[::2, 0])[0, 1]) < 0.05  # fresh noise every step
+    assert torch.equal(whole[:, 2], X[:, 2]) and torch.equal(next_epoch[:, 2], X[::2, 2])
+    assert torch.equal(half, whole[::2])  # a row keeps its place for the epoch
+    again = next_epoch[:, :2] - X[::2, :2]
+    assert abs(np.corrcoef(again[:, 0], moved[::2, 0])[0, 1]) < 0.05  # fresh noise every epoch
+
+
+def test_the_noise_depends_only_on_the_epochs_generator():
+    """So the ranks of a data-parallel fit, each with the same generator, jitter alike."""
+    X, y = torch.rand(500, 3), torch.zeros(500)
+    seen = []
+    for _ in range(2):
+        step, objective = _step(X, y, 0.1)
+        torch.manual_seed(len(seen))  # torch's global generator differs between the two
+        step.draw_place_noise(torch.Generator().manual_seed(7))
+        step.step(torch.arange(100, 200))
+        seen.append(objective.seen[0])
+    assert torch.equal(seen[0], seen[1]) and not torch.equal(seen[0], X[100:200])
 
 
 def test_no_jitter_gives_the_batches_unchanged():
@@ -75,6 +92,7 @@ def _fit_step_function(sd: float) -> np.ndarray:
     step, _ = _step(X, y, sd, net, lr=EPOCHS_LR[1])
     order = torch.Generator().manual_seed(2)
     for _ in range(EPOCHS_LR[0]):
+        step.draw_place_noise(order)
         step.run(torch.randperm(len(X), generator=order), 256)
     with torch.no_grad():
         return net(torch.stack([_AT, torch.zeros_like(_AT)], dim=1)).squeeze(-1).numpy()

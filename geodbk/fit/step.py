@@ -64,9 +64,11 @@ class TrainingStep:
         tests: (n,) test counts, or ``None``.
         capture: use CUDA graphs; ``None`` = when ``X`` is on CUDA and not data-parallel.
         data_parallel: this process's place in a process group, for data-parallel steps.
-        coordinate_jitter: sd of the Gaussian noise added to each batch's first two columns
-            (:attr:`~geodbk.models.config.TrainConfig.coordinate_jitter`), from torch's global
-            generator on ``X``'s device (which CUDA-graph replays advance); 0 = none.
+        coordinate_jitter: sd of the Gaussian noise added to the first two columns of the rows
+            a step uses (:attr:`~geodbk.models.config.TrainConfig.coordinate_jitter`); 0 = none.
+            One draw per row and epoch (:meth:`draw_place_noise`, on the epoch's CPU generator),
+            so that every rank of a data-parallel fit and a one-process fit see the same noise,
+            and a captured step reads it from a fixed buffer.
     """
 
     def __init__(
@@ -88,6 +90,8 @@ class TrainingStep:
         self.model, self.objective, self.optimizer = model, objective, optimizer
         self.X, self.y, self.tests = X, y, tests
         self.n = len(X)
+        #: (n, 2) this epoch's noise on each row's place, or ``None`` without jitter
+        self.place_noise = torch.zeros(self.n, 2, dtype=X.dtype, device=X.device) if coordinate_jitter > 0 else None
         self.data_parallel = data_parallel
         self.capture = (X.is_cuda and data_parallel is None) if capture is None else capture
         if self.capture and not X.is_cuda:
@@ -111,8 +115,8 @@ class TrainingStep:
         else:
             xb, yb = self.X.index_select(0, index), self.y.index_select(0, index)
             tb = None if self.tests is None else self.tests.index_select(0, index)
-        if self.coordinate_jitter > 0.0:
-            noise = torch.randn_like(xb[:, :2]) * self.coordinate_jitter
+        if self.place_noise is not None:
+            noise = self.place_noise if index is None else self.place_noise.index_select(0, index)
             xb = torch.cat([xb[:, :2] + noise, xb[:, 2:]], dim=1)
         parallel = self.data_parallel
         with contextlib.nullcontext() if parallel is None else parallel.sharded_rows(self.model):
@@ -123,6 +127,14 @@ class TrainingStep:
             parallel.average_gradients([p for group in self.optimizer.param_groups for p in group["params"]])
         self.optimizer.step()
         self.loss_sum.add_(loss.detach().to(torch.float64) * len(yb))
+
+    def draw_place_noise(self, generator: torch.Generator) -> None:
+        """Draw this epoch's place noise (n, 2), sd :attr:`coordinate_jitter`, from the CPU
+        ``generator`` into :attr:`place_noise` (in place: captured steps read that buffer).
+        Does nothing, and draws nothing, without jitter."""
+        if self.place_noise is not None:
+            noise = torch.randn(self.n, 2, generator=generator, dtype=self.X.dtype) * self.coordinate_jitter
+            self.place_noise.copy_(noise)
 
     def run(self, order: torch.Tensor, batch_size: int) -> None:
         """One step per consecutive ``batch_size`` rows of ``order`` (n,) (device int64)."""
@@ -247,6 +259,7 @@ def train_epoch(
         start = _EpochStart(model, step.optimizer, generator) if guards else None
         while True:
             model.train()
+            step.draw_place_noise(generator)  # before the batch order; a retried epoch draws both again
             step.loss_sum.zero_()
             for guard in guards:
                 guard.failures.zero_()
