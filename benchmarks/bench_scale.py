@@ -348,14 +348,19 @@ def build_inputs(data: TileRows, dtype: torch.dtype, seed: int, chunk: int = 1 <
 
 def partial_epoch(step: TrainingStep, batch: int, steps: int, generator: torch.Generator) -> tuple[float, float, float]:
     """``steps`` training steps on the head of a random permutation of all rows, as train_epoch
-    runs them; returns (mean loss, seconds for the permutation, seconds for the steps)."""
+    runs them; returns (mean loss, seconds for the place noise and the permutation, seconds for the
+    steps)."""
     device = step.X.device
     with deferred_cholesky_checks(step.model) as guards:
         step.model.train()
         step.loss_sum.zero_()
         for guard in guards:
             guard.failures.zero_()
-        order, permutation_s = timed(lambda: torch.randperm(step.n, generator=generator).to(device), device)
+        def draw() -> torch.Tensor:  # as train_epoch: the epoch's place noise, then the batch order
+            step.draw_place_noise(generator)
+            return torch.randperm(step.n, generator=generator).to(device)
+
+        order, permutation_s = timed(draw, device)
         head = order[: steps * batch]
         _, steps_s = timed(lambda: step.run(head, batch), device)
         failures = sum(int(guard.failures) for guard in guards)
