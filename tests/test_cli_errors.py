@@ -57,6 +57,7 @@ BAD = {
     "fit zero lr": (lambda f: fit_args(f, "--lr", "0"), "--lr"),
     "fit lr not a number": (lambda f: fit_args(f, "--lr", "fast"), "--lr"),
     "fit bad block": (lambda f: fit_args(f, "--block-km", "-1"), "--block-km"),
+    "fit negative jitter": (lambda f: fit_args(f, "--coordinate-jitter", "-500"), "--coordinate-jitter"),
     "fit unknown protocol": (lambda f: fit_args(f, "--protocol", "time-space"), "--protocol"),
     "demo unknown kind": (lambda f: ["demo", "--out", str(f / "demo"), "--models", "dnn,svm"], "svm"),
     "demo zero epochs": (lambda f: ["demo", "--out", str(f / "demo"), "--epochs", "0"], "--epochs"),

@@ -122,3 +122,30 @@ def test_the_space_time_protocol_jitters_by_three_km_in_the_datas_units_and_the_
         inputs.coords.metres_to_units(500.0))
     assert SPACE_TIME.fit_configs(inputs, coordinate_jitter=0.25)[1].coordinate_jitter == 0.25  # units win
     assert PAPER.fit_configs(PAPER.input_space(dataset))[1].coordinate_jitter == 0.0
+
+
+@pytest.mark.parametrize("given, metres", [((), COORDINATE_JITTER_M), (("--coordinate-jitter", "1500"), 1500.0),
+                                           (("--coordinate-jitter", "0"), 0.0)])
+def test_geodbk_fit_trains_with_the_jitter_it_is_given(tmp_path, pr_dataset, monkeypatch, given, metres):
+    """``geodbk fit --coordinate-jitter METRES`` reaches the training step in the data's units."""
+    import dataclasses
+
+    import geodbk.fit.train as train_module
+    from geodbk.cli import main
+    from geodbk.fit.geomodel import GeoModel
+
+    used = []
+
+    class Recording(TrainingStep):
+        def __init__(self, *args, **kwargs):
+            used.append(kwargs.get("coordinate_jitter", 0.0))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "TrainingStep", Recording)
+    dataset = tmp_path / "dataset.parquet"
+    dataclasses.replace(pr_dataset, frame=pr_dataset.frame.iloc[::8].copy()).save(dataset)
+    argv = ["fit", "--dataset", str(dataset), "--out", str(tmp_path / "run"), "--models", "dbk-rbf", "--epochs", "1",
+            "--no-progress", *given]
+    assert main(argv) == 0
+    model = GeoModel.load(tmp_path / "run" / "models" / "dbk-rbf.pt")
+    assert used == [pytest.approx(model.inputs.coords.metres_to_units(metres))]

@@ -130,6 +130,8 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    help="wavelengths of the positional encoding (default 8; 0 = none; paper protocol: 0)")
     p.add_argument("--min-wavelength", type=finite_float, default=None, metavar="METRES",
                    help="shortest positional-encoding wavelength, metres (default 1000, about 2 tiles)")
+    p.add_argument("--coordinate-jitter", type=finite_float, default=None, metavar="METRES",
+                   help="sd of the noise on the training places, metres (default 3000 for space-time; 0 = none)")
     p.add_argument("--epochs", type=int, help="maximum training epochs (default 40; 400 with --paper-size)")
     p.add_argument("--hidden", type=int, help="backbone width h (default 64; 256 with --paper-size)")
     p.add_argument("--rank", type=int, help="basis rank / inducing points r (default 128; 1024 with --paper-size)")
@@ -211,6 +213,8 @@ def _check_fit(args: argparse.Namespace) -> None:
         raise InputDataError(f"--encoding-scales must be >= 0, got {args.encoding_scales}")
     if args.min_wavelength is not None and not args.min_wavelength > 0:
         raise InputDataError(f"--min-wavelength must be positive metres, got {args.min_wavelength}")
+    if args.coordinate_jitter is not None and args.coordinate_jitter < 0:
+        raise InputDataError(f"--coordinate-jitter must be >= 0 metres, got {args.coordinate_jitter}")
 
 
 def _kinds(args: argparse.Namespace) -> list[str]:
@@ -258,7 +262,8 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
         start = time.perf_counter()
         models[kind] = model = fit_dataset(
             dataset, kind, protocol=args.protocol, preset=preset,
-            min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength, **overrides,
+            min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength,
+            coordinate_jitter_m=args.coordinate_jitter, **overrides,
         )
         if main:
             results[kind] = evaluate_on_test(model, dataset)

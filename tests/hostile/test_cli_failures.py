@@ -63,6 +63,7 @@ FINITE_OPTIONS: dict[str, tuple[Callable[..., list[str]], str]] = {
     "ingest --block-km": (ingest, "--block-km"),
     "fit --lr": (fit, "--lr"),
     "fit --min-wavelength": (fit, "--min-wavelength"),
+    "fit --coordinate-jitter": (fit, "--coordinate-jitter"),
     "fit --block-km": (fit, "--block-km"),
     "predict --threshold": (predict, "--threshold"),
     "predict --max-distance": (predict, "--max-distance"),
