@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.fit.residuals import LocalKernel, ResidualField, tile_centres
+from geodbk.fit.residuals import AreaGroups, LocalKernel, ResidualField, square_areas, tile_centres
 from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres
 
 SAN_JUAN = (-66.06, 18.45)
@@ -485,6 +485,61 @@ def test_area_condition_is_exact_on_the_diagonal_and_fully_correlated_within_a_t
     _, v_far = field.condition(far, when[:2])
     _, _, average = field.area_condition(far, when[:2], np.array([0.5, 0.5]), np.zeros(2, int), 1)
     assert average[0] == pytest.approx(0.25 * v_far.sum(), rel=1e-12)
+
+
+def test_area_criterion_is_the_nll_of_area_condition(small, monkeypatch):
+    """The fit's area term, with its pair geometry set up once, equals the Gaussian NLL of the
+    areas' mean residuals under the variance :meth:`area_condition` and the one combination
+    rule give, for two different kernels (it must follow the kernel being tried)."""
+    from geodbk.fit import residuals
+    from geodbk.fit.metrics import gaussian_nll as metric_nll
+    from geodbk.prediction import Prediction
+
+    monkeypatch.setattr(residuals, "AREA_CUTOFF_RANGES", 100.0)
+    keys, years, residual, noise_var, q_keys, _ = small
+    rng = np.random.default_rng(11)
+    test_var = rng.uniform(0.01, 0.05, size=30)
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    field.test_var = test_var
+    val_keys = np.concatenate([q_keys, tiles_near(rng, 7, 0.02)])  # 16 validation rows
+    lonlat, when = quadkey_centres(val_keys), np.full(16, 2023.875)
+    val_residual, val_test_var = rng.normal(0.0, 0.3, 16), rng.uniform(0.01, 0.2, 16)
+    rows = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 2, 3, 4, 11])  # a row may sit in two areas
+    groups = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
+    gp_var = np.array([0.01, 0.02, 0.005, 0.03])
+    area_nll = field._area_nll(AreaGroups(rows, groups, gp_var), lonlat, when, val_residual, val_test_var)
+    for kernel in (KERNEL, dataclasses.replace(KERNEL, local_var=0.08, range_m=3000.0, test_noise_scale=1.4)):
+        field.kernel = kernel
+        w = 1.0 / np.bincount(groups)[groups]
+        shift, _, local = field.area_condition(lonlat[rows], when[rows], w, groups, 4)
+        mean = np.bincount(groups, weights=w * shift)
+        noise = np.bincount(groups, weights=w**2 * val_test_var[rows])
+        observed = np.bincount(groups, weights=w * val_residual[rows])
+        expected = metric_nll(observed, Prediction(mean, np.sqrt(kernel.combine(gp_var, local, noise))))
+        assert area_nll(kernel) == pytest.approx(expected, rel=1e-10)
+
+
+def test_square_areas_hold_rows_of_one_square_and_one_quarter():
+    rng = np.random.default_rng(5)
+    lonlat = np.column_stack([SAN_JUAN[0] + rng.uniform(-0.1, 0.1, 600), SAN_JUAN[1] + rng.uniform(-0.1, 0.1, 600)])
+    years = rng.choice([2023.125, 2023.375], size=600)
+    xy = ProjectedTransform.from_lonlat(lonlat).to_metres(lonlat)
+    rows, groups = square_areas(lonlat, years, sizes_m=(2000.0, 5000.0), min_rows=3, max_pairs=10**9)
+    sizes = np.bincount(groups)
+    assert sizes.min() >= 3 and len(np.unique(groups)) == len(sizes)
+    for g in range(len(sizes)):
+        members = rows[groups == g]
+        assert len(np.unique(years[members])) == 1
+        assert min(len(np.unique(np.floor(xy[members] / size), axis=0)) for size in (2000.0, 5000.0)) == 1
+    # every square of either size and one quarter with 3 or more rows is one area, with all its rows
+    expected = []
+    for size in (2000.0, 5000.0):
+        _, counts = np.unique(np.column_stack([np.floor(xy / size), years]), axis=0, return_counts=True)
+        expected.extend(counts[counts >= 3])
+    assert sorted(sizes) == sorted(expected)
+    # the cap on ordered pairs keeps whole areas, in a random order
+    capped_rows, capped = square_areas(lonlat, years, min_rows=3, max_pairs=500)
+    assert (np.bincount(capped) ** 2).sum() <= 500 and len(capped_rows) == len(capped) > 0
 
 
 # ----------------------------------------------------------------------------- forecast horizon

@@ -18,7 +18,8 @@ from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.fit.geomodel import GeoModel
 from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol
-from geodbk.fit.residuals import ResidualField
+from geodbk.fit.regressor import Regressor
+from geodbk.fit.residuals import AreaGroups, ResidualField, square_areas
 from geodbk.fit.train import fit_arrays
 from geodbk.models.zoo import get_model_spec
 
@@ -32,6 +33,7 @@ def fit_dataset(
     min_wavelength_m: float = MIN_WAVELENGTH_M,
     coordinate_jitter_m: float | None = None,
     local_residuals: bool = True,
+    area_criterion: bool = True,
     conjugate_posterior: bool = True,
     **overrides: Any,
 ) -> GeoModel:
@@ -52,6 +54,9 @@ def fit_dataset(
         local_residuals: for GP kinds, add a :class:`~geodbk.fit.residuals.ResidualField`
             fitted to the training residuals (hyperparameters chosen on the validation rows),
             where the protocol has one. ``False`` is an ablation.
+        area_criterion: choose the residual field's kernel on the validation areas' mean
+            residuals as well as on the tiles (:func:`~geodbk.fit.residuals.square_areas`), so
+            that area sds are calibrated too. ``False`` is an ablation.
         conjugate_posterior: for kinds whose :class:`~geodbk.models.zoo.ModelSpec` asks for it
             (dbk-rbf, dbk-silu), replace the trained q(w), noise and constant mean by the
             conjugate posterior given the learned basis (:meth:`Regressor.refit_posterior`)
@@ -85,11 +90,13 @@ def fit_dataset(
     residuals = None
     if local_residuals and rules.local_residuals and regressor.has_kernel:
         train_pred, val_pred = regressor.predict(X, tests=tests), regressor.predict(X_val, tests=tests_val)
+        areas = _validation_areas(regressor, X_val, lonlat_val, years_val) if area_criterion else None
         residuals = ResidualField.fit(
             lonlat, years, y - train_pred.mean, train_pred.sd**2,
             lonlat_val, years_val, y_val - val_pred.mean, val_pred.sd**2,
             train_test_var=train_pred.measurement().sd**2 - train_pred.sd**2,
             val_test_var=val_pred.measurement().sd**2 - val_pred.sd**2,
+            val_areas=areas,
         )
     info = ModelInfo(
         kind=kind,
@@ -107,3 +114,18 @@ def fit_dataset(
     )
     support = train.drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
     return GeoModel(regressor, inputs, info, support, residuals)
+
+
+def _validation_areas(
+    regressor: Regressor, X_val: np.ndarray, lonlat_val: np.ndarray, years_val: np.ndarray
+) -> AreaGroups:
+    """Squares of validation rows (:func:`~geodbk.fit.residuals.square_areas`) and the GP's
+    variance of each one's mean, latent joint posterior plus tile noise, as
+    :meth:`GeoModel.predict_areas` has them."""
+    rows, groups = square_areas(lonlat_val, years_val)
+    n_areas = int(groups.max()) + 1 if len(groups) else 0
+    X = X_val[rows]
+    w = 1.0 / np.bincount(groups, minlength=n_areas)[groups]
+    gp_var = regressor.weighted_sum_variance(X, w, groups, n_areas)
+    gp_var += np.bincount(groups, weights=w**2 * regressor.tile_noise_variance(X), minlength=n_areas)
+    return AreaGroups(rows, groups, gp_var)
