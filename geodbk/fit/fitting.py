@@ -19,8 +19,9 @@ from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.fit.geomodel import GeoModel
 from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol
 from geodbk.fit.regressor import Regressor
-from geodbk.fit.residuals import AreaGroups, ResidualField, square_areas
+from geodbk.fit.residuals import ResidualField
 from geodbk.fit.train import fit_arrays
+from geodbk.fit.validation_areas import AreaGroups, square_areas
 from geodbk.models.zoo import get_model_spec
 
 

@@ -23,9 +23,11 @@ the kriged residual to the mean and its conditional variance to the predictive v
 
 Queries are snapped to the centre of their zoom-16 tile, so a map cell takes its tile's
 value. The seven hyperparameters are chosen by the Gaussian NLL on validation rows plus that
-of validation areas' mean residuals (2 and 5 km squares of one quarter, :func:`square_areas`),
-by bounded Nelder-Mead in log space (a few seconds), in the spirit of the ``knn`` baseline's
-k. The tiles fix each row's variance; the areas fix how much of it neighbouring tiles share.
+of validation areas' mean residuals (2 and 5 km squares of one quarter,
+:func:`~geodbk.fit.validation_areas.square_areas`), by bounded L-BFGS-B in log space with
+finite-difference gradients (run to convergence, a few hundred evaluations), in the spirit
+of the ``knn`` baseline's k. The tiles fix each row's variance; the areas fix how much of it
+neighbouring tiles share.
 Places far from any training tile get no correction and a larger variance.
 """
 
@@ -42,12 +44,16 @@ from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.metrics import gaussian_nll
+from geodbk.fit.validation_areas import AreaGroups
 from geodbk.ingest.quadkey import OOKLA_ZOOM, lonlat_to_tile, tile_bounds
 from geodbk.prediction import Prediction
 
 #: Training rows each prediction is conditioned on.
 NEIGHBOURS = 16
 #: Validation rows used to choose the hyperparameters, and the optimiser's iteration cap.
+#: L-BFGS-B converges in 30-45 iterations (260-430 evaluations) on PR and HI. Nelder-Mead,
+#: used before, had not converged at 200 iterations, so its answer moved with 1e-5 changes
+#: in the GP (a two-process fit against a one-process one: NLL 0.002 apart).
 FIT_ROWS = 3000
 FIT_ITERATIONS = 200
 #: Validation rows of the last training quarter needed to estimate the forecast variance.
@@ -58,12 +64,6 @@ _CHUNK = 16384
 AREA_CUTOFF_RANGES = 4.0
 #: Query points per block of an area variance's pair sums (bounds their memory).
 _QUERY_BLOCK = 2048
-#: Squares (metres, in an equal-area projection) that group validation rows of one quarter
-#: into the areas :meth:`ResidualField.fit` also scores, areas with fewer rows skipped, and a
-#: cap on their ordered pairs of rows (each costs m kernel values per evaluation).
-AREA_SQUARES_M = (2_000.0, 5_000.0)
-AREA_MIN_ROWS = 3
-AREA_MAX_PAIRS = 150_000
 #: Distance below which two tile centres are the same tile, metres.
 _SAME_TILE_M = 1.0
 #: Bounds of the hyperparameters in :meth:`ResidualField.fit` (LocalKernel field order): no
@@ -122,55 +122,6 @@ class LocalKernel:
         same = distance_m < _SAME_TILE_M
         local = self.local_var * np.exp(-distance_m / self.range_m) * decay
         return same * (self.tile_var + self.tile_time_var * decay) + local
-
-
-@dataclass(frozen=True)
-class AreaGroups:
-    """Areas of validation rows whose mean residual also scores the local kernel's choice.
-
-    Attributes:
-        rows: (p,) indices into the validation rows (a row may sit in several areas).
-        groups: (p,) the area of each, integers in [0, n_areas).
-        gp_var: (n_areas,) the GP's variance of each area's equal-weight mean of tile means (its
-            latent joint posterior plus the tile noise sigma0^2 / n), (log10 units)^2, before
-            the kernel's scale s.
-    """
-
-    rows: np.ndarray
-    groups: np.ndarray
-    gp_var: np.ndarray
-
-    @property
-    def n_areas(self) -> int:
-        return len(self.gp_var)
-
-
-def square_areas(
-    lonlat: np.ndarray, years: np.ndarray, sizes_m: tuple[float, ...] = AREA_SQUARES_M,
-    min_rows: int = AREA_MIN_ROWS, max_pairs: int = AREA_MAX_PAIRS, seed: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rows (p,) and areas (p,) of the squares of side ``sizes_m`` (equal-area metres) that hold
-    at least ``min_rows`` of the points ``lonlat`` (n, 2) degrees at one time of ``years`` (n,).
-    Areas are kept in a random order until their ordered pairs of rows reach ``max_pairs``."""
-    lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
-    xy = ProjectedTransform.from_lonlat(lonlat).to_metres(lonlat)
-    quarter = np.floor(np.asarray(years, np.float64) * 4.0).astype(np.int64)
-    rows, areas, n_areas = [], [], 0
-    for size in sizes_m:
-        key = np.column_stack([np.floor(xy / size).astype(np.int64), quarter])
-        _, label, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
-        label = label.reshape(-1)
-        keep = np.flatnonzero(counts[label] >= min_rows)
-        _, area = np.unique(label[keep], return_inverse=True)
-        rows.append(keep)
-        areas.append(area.reshape(-1) + n_areas)
-        n_areas += int(area.max()) + 1 if len(keep) else 0
-    row, area = np.concatenate(rows), np.concatenate(areas)
-    order = np.random.default_rng(seed).permutation(n_areas)
-    chosen = order[np.cumsum(np.bincount(area, minlength=n_areas)[order] ** 2) <= max_pairs]
-    kept = np.isin(area, chosen)
-    _, area = np.unique(area[kept], return_inverse=True)
-    return row[kept], area.reshape(-1)
 
 
 def tile_centres(lonlat: np.ndarray) -> np.ndarray:
@@ -430,7 +381,7 @@ class ResidualField:
 
         bounds = [(np.log(low), np.log(high)) for low, high in _BOUNDS]
         best = minimize(
-            nll, LocalKernel().to_vector(), method="Nelder-Mead", bounds=bounds, options={"maxiter": FIT_ITERATIONS}
+            nll, LocalKernel().to_vector(), method="L-BFGS-B", bounds=bounds, options={"maxiter": FIT_ITERATIONS}
         )
         field.kernel = LocalKernel.from_vector(best.x)
         field.horizon_rate = field._pseudo_forecast_rate(
