@@ -29,6 +29,10 @@ finite-difference gradients (run to convergence, a few hundred evaluations), in 
 of the ``knn`` baseline's k. The tiles fix each row's variance; the areas fix how much of it
 neighbouring tiles share.
 Places far from any training tile get no correction and a larger variance.
+
+Size: conditioning, change and area variances, and the fit's tile and area criteria all read
+the one neighbourhood geometry and batched solve (:meth:`ResidualField._geometry`,
+:meth:`ResidualField._solve`); split apart, they would reach into each other's private parts.
 """
 
 from __future__ import annotations
