@@ -56,7 +56,7 @@ def fit_dataset(
             fitted to the training residuals (hyperparameters chosen on the validation rows),
             where the protocol has one. ``False`` is an ablation.
         area_criterion: choose the residual field's kernel on the validation areas' mean
-            residuals as well as on the tiles (:func:`~geodbk.fit.residuals.square_areas`), so
+            residuals as well as on the tiles (:func:`~geodbk.fit.validation_areas.square_areas`), so
             that area sds are calibrated too. ``False`` is an ablation.
         conjugate_posterior: for kinds whose :class:`~geodbk.models.zoo.ModelSpec` asks for it
             (dbk-rbf, dbk-silu), replace the trained q(w), noise and constant mean by the
@@ -120,7 +120,7 @@ def fit_dataset(
 def _validation_areas(
     regressor: Regressor, X_val: np.ndarray, lonlat_val: np.ndarray, years_val: np.ndarray
 ) -> AreaGroups:
-    """Squares of validation rows (:func:`~geodbk.fit.residuals.square_areas`) and the GP's
+    """Squares of validation rows (:func:`~geodbk.fit.validation_areas.square_areas`) and the GP's
     variance of each one's mean, latent joint posterior plus tile noise, as
     :meth:`GeoModel.predict_areas` has them."""
     rows, groups = square_areas(lonlat_val, years_val)

@@ -357,7 +357,8 @@ class ResidualField:
                 NLL).
             train_test_var, val_test_var: the GP's test-count noise sigma1^2 / tests of those
                 rows (default zeros: ``*_var`` is then the whole measurement variance).
-            val_areas: areas of validation rows (:func:`square_areas`) and their GP variance.
+            val_areas: areas of validation rows
+                (:func:`~geodbk.fit.validation_areas.square_areas`) and their GP variance.
         """
         projection = ProjectedTransform.from_lonlat(train_lonlat)
         field = cls(
