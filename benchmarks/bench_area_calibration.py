@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--regions", default="PR,HI")
     parser.add_argument("--split", default="random", help="split protocol the models are fitted on")
+    parser.add_argument("--split-seed", type=int, help="seed of the split (default the dataset's, 0): another "
+                        "draw of the held-out tiles, to see how much a number moves with the split")
     parser.add_argument("--eval", choices=("val", "test"), default="test", help="held-out tiles that form the areas")
     parser.add_argument("--models", default="dbk-rbf,sv-dkl,lightgbm:map,gpboost:map",
                         help="geodbk kinds and peers (benchmarks/peers.py: lightgbm:map, gpboost:map, ...)")
@@ -165,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         run = Path(args.run)
         jobs = [(SpatialDataset.load(run / "dataset.parquet"), sorted((run / "models").glob("*.pt")))]
     else:
-        jobs = [(load_sample_dataset(r.strip(), "download").with_split(args.split), args.models.split(","))
+        jobs = [(load_sample_dataset(r.strip(), "download").with_split(args.split, seed=args.split_seed),
+                 args.models.split(","))
                 for r in args.regions.split(",") if r.strip()]
     failed = 0
     for dataset, models in jobs:
