@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from geodbk.fit.metrics import crps_gaussian, gaussian_nll, mae
+from geodbk.fit.metrics import crps, mae, nll
 from geodbk.fit.train import fit_arrays
 from geodbk.ingest.uci import default_uci_root, load_uci
 from geodbk.models import ModelConfig
@@ -108,7 +108,7 @@ def run_one(name: str, kind: str, args: argparse.Namespace) -> dict:
     return {
         "dataset": name, "model": kind, "n_train": len(split.y_train), "n_test": len(y),
         "MAE": mae(y, pred), "RMSE": float(np.sqrt(np.mean((y - pred.mean) ** 2))),
-        "NLL": gaussian_nll(y, pred), "CRPS": crps_gaussian(y, pred), "fit_s": seconds,
+        "NLL": nll(y, pred), "CRPS": crps(y, pred), "fit_s": seconds,
         "best_epoch": fitted.best_epoch,
         "paper": source, "paper_MAE": _fmt(p_mae), "paper_RMSE": _fmt(p_rmse), "paper_NLL": _fmt(p_nll),
         "paper_CRPS": "n/a",

@@ -1,47 +1,65 @@
-"""Gaussian predictive distributions: :class:`Prediction` and the 95% quantile.
+"""Predictive distributions: :class:`Prediction` and the 95% quantile.
+
+A tile mean is Gaussian. A new measurement may be a Student-t with the same mean and sd
+(:class:`~geodbk.fit.tails.MeasurementTails`): speed tests have a heavy lower tail.
 
 Torch-free, so that grids, export and the dashboard can use it without importing the model.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import ndtr
+from scipy.special import ndtr, stdtrit
 
 #: Two-sided 95% standard-normal quantile.
 Z95 = 1.959964
 
 
+def quantile95(df: float) -> float:
+    """The half-width of the central 95% interval of a Student-t with ``df`` > 2 degrees of
+    freedom and sd 1, t_{0.975, df} sqrt((df - 2) / df); :data:`Z95` for ``df = inf`` (Gaussian)."""
+    if math.isinf(df):
+        return Z95
+    return float(stdtrit(df, 0.975) * math.sqrt((df - 2.0) / df))
+
+
 @dataclass
 class Prediction:
-    """Gaussian predictive distributions per point, in target units.
+    """Predictive distributions per point, in target units.
 
     Two distributions share the mean:
 
     * the tile mean, N(mean, sd^2), sd^2 = var_f + sigma0^2: what a tile's speed is when
       averaged over many tests; the map layers use it;
-    * a new measurement that averages the point's own k tests, N(mean, measurement_sd^2),
-      measurement_sd^2 = var_f + sigma0^2 + sigma1^2 / k: what a test tile's observed value
-      is scored against (:meth:`measurement`). Without test counts, or for a model with
-      homoscedastic noise, it is the tile-mean distribution.
+    * a new measurement that averages the point's own k tests, with sd ``measurement_sd``
+      (measurement_sd^2 = var_f + sigma0^2 + sigma1^2 / k, times a scale chosen on validation
+      rows) and ``measurement_df`` degrees of freedom (a Student-t; ``inf``: Gaussian): what a
+      test tile's observed value is scored against (:meth:`measurement`). Without test counts,
+      or for a model with homoscedastic noise, it is the tile-mean distribution.
 
     Attributes:
         mean: (n,) predictive mean.
-        sd: (n,) tile-mean predictive standard deviation (function + sigma0^2).
+        sd: (n,) standard deviation (the tile mean's: function + sigma0^2).
         measurement_sd: (n,) standard deviation of a new k-test measurement, or ``None``.
+        df: degrees of freedom of this distribution, > 2 (``inf``: Gaussian, as a tile mean is).
+        measurement_df: degrees of freedom of a new measurement.
     """
 
     mean: np.ndarray
     sd: np.ndarray
     measurement_sd: np.ndarray | None = None
+    df: float = math.inf
+    measurement_df: float = math.inf
 
     def measurement(self) -> Prediction:
-        """The distribution of a new measurement with the points' test counts (sd = measurement_sd)."""
+        """The distribution of a new measurement with the points' test counts (sd = measurement_sd,
+        df = measurement_df)."""
         if self.measurement_sd is None:
             return self
-        return Prediction(self.mean, self.measurement_sd)
+        return Prediction(self.mean, self.measurement_sd, df=self.measurement_df)
 
     @property
     def var(self) -> np.ndarray:
@@ -50,18 +68,18 @@ class Prediction:
 
     @property
     def lower(self) -> np.ndarray:
-        """(n,) lower end of the 95% prediction interval."""
-        return self.mean - Z95 * self.sd
+        """(n,) lower end of the central 95% prediction interval, mean - quantile95(df) sd."""
+        return self.mean - quantile95(self.df) * self.sd
 
     @property
     def upper(self) -> np.ndarray:
-        """(n,) upper end of the 95% prediction interval."""
-        return self.mean + Z95 * self.sd
+        """(n,) upper end of the central 95% prediction interval."""
+        return self.mean + quantile95(self.df) * self.sd
 
     @property
     def pi_width(self) -> np.ndarray:
-        """(n,) width of the 95% prediction interval, 2 * 1.959964 * sd."""
-        return 2.0 * Z95 * self.sd
+        """(n,) width of the 95% prediction interval, 2 quantile95(df) sd (2 * 1.959964 * sd when Gaussian)."""
+        return 2.0 * quantile95(self.df) * self.sd
 
     def __len__(self) -> int:
         return len(self.mean)
@@ -69,14 +87,18 @@ class Prediction:
     def subset(self, index: np.ndarray) -> Prediction:
         """The predictions at ``index`` (boolean mask or integer positions)."""
         extra = None if self.measurement_sd is None else self.measurement_sd[index]
-        return Prediction(self.mean[index], self.sd[index], extra)
+        return Prediction(self.mean[index], self.sd[index], extra, self.df, self.measurement_df)
 
 
-def to_data_units(mean: np.ndarray, sd: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Back-transform a log10 Gaussian to data units (Mbps or ms): ``(median, lower, upper)``,
-    ``10**mean`` and the 95% interval ``10**(mean -/+ 1.959964 sd)``, each shaped like ``mean``."""
+def to_data_units(
+    mean: np.ndarray, sd: np.ndarray, df: float = math.inf
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Back-transform a log10 Gaussian (or Student-t with ``df`` and this sd) to data units (Mbps
+    or ms): ``(median, lower, upper)``, ``10**mean`` and the 95% interval
+    ``10**(mean -/+ quantile95(df) sd)`` (1.959964 sd when Gaussian), each shaped like ``mean``."""
     mean, sd = np.asarray(mean, dtype=np.float64), np.asarray(sd, dtype=np.float64)
-    return 10.0**mean, 10.0 ** (mean - Z95 * sd), 10.0 ** (mean + Z95 * sd)
+    half = quantile95(df) * sd
+    return 10.0**mean, 10.0 ** (mean - half), 10.0 ** (mean + half)
 
 
 def probability_below(mean: np.ndarray, sd: np.ndarray, level: float) -> np.ndarray:

@@ -10,12 +10,12 @@ import pytest
 from geodbk.errors import InputDataError
 from geodbk.fit.metrics import (
     coverage95,
-    crps_gaussian,
+    crps,
     evaluate,
     format_metrics_table,
-    gaussian_nll,
     mae,
     metrics_table,
+    nll,
     pi_width,
     save_metrics,
 )
@@ -32,7 +32,7 @@ def test_prediction_interval_properties():
 
 def test_crps_of_standard_normal_at_its_mean():
     p = Prediction(np.zeros(1), np.ones(1))
-    assert crps_gaussian(np.zeros(1), p) == pytest.approx((math.sqrt(2) - 1) / math.sqrt(math.pi), rel=1e-12)
+    assert crps(np.zeros(1), p) == pytest.approx((math.sqrt(2) - 1) / math.sqrt(math.pi), rel=1e-12)
 
 
 def test_crps_matches_the_defining_integral():
@@ -42,7 +42,7 @@ def test_crps_matches_the_defining_integral():
     below = np.linspace(mu - 15 * sd, y, 200_001)  # split at y, where the step sits
     above = np.linspace(y, mu + 15 * sd, 200_001)
     numeric = np.trapezoid(norm.cdf(below, mu, sd) ** 2, below) + np.trapezoid((1 - norm.cdf(above, mu, sd)) ** 2, above)
-    assert crps_gaussian(np.array([y]), Prediction(np.array([mu]), np.array([sd]))) == pytest.approx(numeric, rel=1e-6)
+    assert crps(np.array([y]), Prediction(np.array([mu]), np.array([sd]))) == pytest.approx(numeric, rel=1e-6)
 
 
 def test_nll_mae_coverage_and_width_by_hand():
@@ -51,7 +51,7 @@ def test_nll_mae_coverage_and_width_by_hand():
     assert mae(y, p) == pytest.approx(5 / 4)
     half_log_2pi = 0.5 * math.log(2 * math.pi)
     expected_nll = np.mean([half_log_2pi, half_log_2pi + 0.5, half_log_2pi + 4.5, half_log_2pi + math.log(2) + 0.125])
-    assert gaussian_nll(y, p) == pytest.approx(expected_nll)
+    assert nll(y, p) == pytest.approx(expected_nll)
     assert coverage95(y, p) == pytest.approx(3 / 4)  # 3 > 1.96 is the only miss
     assert pi_width(p) == pytest.approx(2 * 1.959964 * 5 / 4)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from geodbk.errors import InputDataError
-from geodbk.fit.metrics import coverage95, gaussian_nll
+from geodbk.fit.metrics import coverage95, nll
 from geodbk.models import ModelConfig
 from geodbk.fit.regressor import Regressor, resolve_device
 from geodbk.fit.train import fit_arrays
@@ -46,7 +46,7 @@ def test_dppgp_is_calibrated_where_exact_mml_collapses():
                        train_config=TrainConfig(lr=1e-3, epochs=300, patience=None, progress=False))
     p_dppgp, p_exact = dppgp.predict(Xt), exact.predict(Xt)
 
-    assert gaussian_nll(yt, p_dppgp) < gaussian_nll(yt, p_exact) - 1.0
+    assert nll(yt, p_dppgp) < nll(yt, p_exact) - 1.0
     assert np.corrcoef(p_dppgp.sd, sd_true)[0, 1] > 0.5  # PI widths track the true noise
     assert 0.9 < coverage95(yt, p_dppgp) < 0.99
     # MML drives sigma^2 far below the true noise and becomes overconfident
@@ -61,7 +61,7 @@ def test_returned_weights_are_the_best_validation_epoch(toy):
                      train_config=TrainConfig(epochs=6, batch_size=64, lr=3e-2, progress=False))
     best = min(h["val_nll"] for h in reg.history)
     assert reg.history[reg.best_epoch - 1]["val_nll"] == best
-    assert gaussian_nll(yv, reg.predict(Xv)) == pytest.approx(best, abs=1e-4)
+    assert nll(yv, reg.predict(Xv)) == pytest.approx(best, abs=1e-4)
 
 
 def test_targets_are_reported_in_original_units(toy):

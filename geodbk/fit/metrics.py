@@ -1,7 +1,10 @@
-"""Point and probabilistic accuracy of Gaussian predictions, overall and by urban/rural.
+"""Point and probabilistic accuracy of predictions, overall and by urban/rural.
 
-All functions take targets ``y`` (n,) and a :class:`~geodbk.fit.regressor.Prediction` in the
-same units and return means over points. 95% intervals use z = 1.959964.
+All functions take targets ``y`` (n,) and a :class:`~geodbk.prediction.Prediction` in the
+same units and return means over points. A prediction is Gaussian or, with finite ``df``, a
+Student-t with the same mean and sd (a new measurement's heavy tail,
+:class:`~geodbk.fit.tails.MeasurementTails`); 95% intervals are its central ones
+(z = 1.959964 when Gaussian).
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from scipy.special import erf
+from scipy.special import betaln, erf, gammaln, stdtr
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.objectives import gaussian_nll as elementwise_gaussian_nll
-from geodbk.prediction import Z95, Prediction
+from geodbk.prediction import Prediction, quantile95
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
 GROUPS = ("overall", "urban", "rural")
@@ -37,26 +40,59 @@ def mae(y: np.ndarray, prediction: Prediction) -> float:
     return float(np.mean(np.abs(_check(y, prediction) - prediction.mean)))
 
 
-def gaussian_nll(y: np.ndarray, prediction: Prediction) -> float:
-    """Mean -log N(y; mean, sd^2), by :func:`geodbk.models.objectives.gaussian_nll` in float64."""
-    y = _check(y, prediction)
-    y_t, mean, var = (torch.tensor(np.asarray(a), dtype=torch.float64) for a in (y, prediction.mean, prediction.var))
-    return float(elementwise_gaussian_nll(y_t, mean, var).mean())
+def _t_scale(prediction: Prediction) -> np.ndarray:
+    """(n,) the Student-t scale s of sd and df > 2: s = sd sqrt((df - 2) / df)."""
+    return np.asarray(prediction.sd, np.float64) * math.sqrt((prediction.df - 2.0) / prediction.df)
 
 
-def crps_gaussian(y: np.ndarray, prediction: Prediction) -> float:
-    """Mean closed-form CRPS of N(mean, sd^2): sd [z (2 Phi(z) - 1) + 2 pdf(z) - 1/sqrt(pi)]."""
+def _t_log_density(z: np.ndarray, df: float) -> np.ndarray:
+    """log f(z) of the standard Student-t with ``df`` degrees of freedom (scale 1):
+    lgamma((df + 1) / 2) - lgamma(df / 2) - 1/2 log(df pi) - (df + 1) / 2 log(1 + z^2 / df)."""
+    constant = gammaln(0.5 * (df + 1.0)) - gammaln(0.5 * df) - 0.5 * math.log(df * math.pi)
+    return constant - 0.5 * (df + 1.0) * np.log1p(z**2 / df)
+
+
+def nll_per_row(y: np.ndarray, prediction: Prediction) -> np.ndarray:
+    """(n,) -log p(y) of each point. Gaussian: :func:`geodbk.models.objectives.gaussian_nll` in
+    float64. Student-t: log s - log f((y - mean) / s), s = :func:`_t_scale`, f the standard t."""
     y = _check(y, prediction)
-    z = (y - prediction.mean) / prediction.sd
-    cdf = 0.5 * (1.0 + erf(z / math.sqrt(2.0)))
-    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
-    return float(np.mean(prediction.sd * (z * (2.0 * cdf - 1.0) + 2.0 * pdf - 1.0 / math.sqrt(math.pi))))
+    if math.isinf(prediction.df):
+        y_t, mean, var = (torch.tensor(np.asarray(a), dtype=torch.float64)
+                          for a in (y, prediction.mean, prediction.var))
+        return elementwise_gaussian_nll(y_t, mean, var).numpy()
+    scale = _t_scale(prediction)
+    return np.log(scale) - _t_log_density((y - prediction.mean) / scale, prediction.df)
+
+
+def nll(y: np.ndarray, prediction: Prediction) -> float:
+    """Mean negative log predictive density (:func:`nll_per_row`)."""
+    return float(np.mean(nll_per_row(y, prediction)))
+
+
+def crps(y: np.ndarray, prediction: Prediction) -> float:
+    """Mean closed-form CRPS. Gaussian: sd [z (2 Phi(z) - 1) + 2 pdf(z) - 1/sqrt(pi)], z = (y - mean) / sd.
+    Student-t with scale s and df (Jordan, Krueger and Lerch 2019, the scoringRules paper), z = (y - mean) / s:
+    s [z (2 F(z) - 1) + 2 f(z) (df + z^2) / (df - 1) - 2 sqrt(df) B(1/2, df - 1/2) / ((df - 1) B(1/2, df/2)^2)],
+    F and f the standard t's cdf and density."""
+    y = _check(y, prediction)
+    df = prediction.df
+    if math.isinf(df):
+        z = (y - prediction.mean) / prediction.sd
+        cdf = 0.5 * (1.0 + erf(z / math.sqrt(2.0)))
+        pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
+        return float(np.mean(prediction.sd * (z * (2.0 * cdf - 1.0) + 2.0 * pdf - 1.0 / math.sqrt(math.pi))))
+    scale = _t_scale(prediction)
+    z = (y - prediction.mean) / scale
+    spread = 2.0 * math.sqrt(df) * math.exp(betaln(0.5, df - 0.5) - 2.0 * betaln(0.5, 0.5 * df)) / (df - 1.0)
+    density = np.exp(_t_log_density(z, df))
+    per_row = z * (2.0 * stdtr(df, z) - 1.0) + 2.0 * density * (df + z**2) / (df - 1.0) - spread
+    return float(np.mean(scale * per_row))
 
 
 def coverage95(y: np.ndarray, prediction: Prediction) -> float:
-    """Share of y inside mean +/- 1.959964 sd (0..1)."""
+    """Share of y inside the central 95% interval, mean +/- quantile95(df) sd (0..1)."""
     y = _check(y, prediction)
-    return float(np.mean(np.abs(y - prediction.mean) <= Z95 * prediction.sd))
+    return float(np.mean(np.abs(y - prediction.mean) <= quantile95(prediction.df) * prediction.sd))
 
 
 def pi_width(prediction: Prediction) -> float:
@@ -68,8 +104,8 @@ def _row(y: np.ndarray, prediction: Prediction) -> dict[str, float]:
     return {
         "n": len(y),
         "MAE": mae(y, prediction),
-        "NLL": gaussian_nll(y, prediction),
-        "CRPS": crps_gaussian(y, prediction),
+        "NLL": nll(y, prediction),
+        "CRPS": crps(y, prediction),
         "coverage95": coverage95(y, prediction),
         "pi_width": pi_width(prediction),
     }

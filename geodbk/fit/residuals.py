@@ -47,7 +47,7 @@ from scipy.optimize import minimize, minimize_scalar
 from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.fit.metrics import gaussian_nll
+from geodbk.fit.metrics import nll
 from geodbk.fit.validation_areas import AreaGroups
 from geodbk.ingest.quadkey import OOKLA_ZOOM, lonlat_to_tile, tile_bounds
 from geodbk.prediction import Prediction
@@ -377,16 +377,16 @@ class ResidualField:
             np.asarray(val_residual, np.float64), val_test_var,
         )
 
-        def nll(vector: np.ndarray) -> float:
+        def criterion(vector: np.ndarray) -> float:
             kernel = LocalKernel.from_vector(vector)
             mean, cond, _ = field._solve(geometry, kernel)
             total = kernel.combine(var, cond, test_var)
-            tiles = gaussian_nll(residual, Prediction(mean, np.sqrt(total)))
+            tiles = nll(residual, Prediction(mean, np.sqrt(total)))
             return tiles if area_nll is None else tiles + area_nll(kernel)
 
         bounds = [(np.log(low), np.log(high)) for low, high in _BOUNDS]
         best = minimize(
-            nll, LocalKernel().to_vector(), method="L-BFGS-B", bounds=bounds, options={"maxiter": FIT_ITERATIONS}
+            criterion, LocalKernel().to_vector(), method="L-BFGS-B", bounds=bounds, options={"maxiter": FIT_ITERATIONS}
         )
         field.kernel = LocalKernel.from_vector(best.x)
         field.horizon_rate = field._pseudo_forecast_rate(
@@ -427,15 +427,15 @@ class ResidualField:
         observed = np.bincount(areas.groups, weights=w * residual[areas.rows], minlength=areas.n_areas)
         noise = np.bincount(areas.groups, weights=w**2 * test_var[areas.rows], minlength=areas.n_areas)
 
-        def nll(kernel: LocalKernel) -> float:
+        def area_criterion(kernel: LocalKernel) -> float:
             mean, _, kriging = self._solve(geometry, kernel)
             covariance = kernel(distance, lag) - (kriging[a] * kernel(to_other, to_other_lag)).sum(-1)
             local = np.maximum(np.bincount(pair_group, weights=pair_w * covariance, minlength=areas.n_areas), 0.0)
             area_mean = np.bincount(areas.groups, weights=w * mean[member], minlength=areas.n_areas)
             var = kernel.combine(areas.gp_var, local, noise)
-            return gaussian_nll(observed, Prediction(area_mean, np.sqrt(var)))
+            return nll(observed, Prediction(area_mean, np.sqrt(var)))
 
-        return nll
+        return area_criterion
 
     def _pseudo_forecast_rate(
         self, lonlat: np.ndarray, years: np.ndarray, residual: np.ndarray, gp_var: np.ndarray, test_var: np.ndarray
@@ -466,10 +466,10 @@ class ResidualField:
         error = residual[last_rows] - kriged
         total = self.kernel.combine(gp_var[last_rows], conditional, test_var[last_rows])
 
-        def nll(kappa: float) -> float:
-            return gaussian_nll(error, Prediction(np.zeros_like(error), np.sqrt((1.0 + kappa) * total)))
+        def criterion(kappa: float) -> float:
+            return nll(error, Prediction(np.zeros_like(error), np.sqrt((1.0 + kappa) * total)))
 
-        kappa = minimize_scalar(nll, bounds=(0.0, 10.0), method="bounded").x
+        kappa = minimize_scalar(criterion, bounds=(0.0, 10.0), method="bounded").x
         return float(kappa) / float(times[-1] - times[-2])
 
     def to_payload(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
-from geodbk.prediction import Z95, to_data_units
+from geodbk.prediction import to_data_units
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset.spatial_dataset import SpatialDataset
@@ -41,7 +41,7 @@ def tile_predictions(model: GeoModel, dataset: SpatialDataset, *, split: str = "
     sd = np.asarray(pred.sd, dtype=np.float64)
     key = str(getattr(dataset, "units", "Mbps")).lower()
     y = tiles["y"].to_numpy(np.float64)
-    lower, upper = mean - Z95 * sd, mean + Z95 * sd
+    lower, upper = pred.lower, pred.upper  # the measurement's central 95% interval (Student-t or Gaussian)
     keep = [c for c in ("quadkey", "year", "quarter", "tests", "urban_rural", "lon", "lat") if c in tiles.columns]
     out = tiles[keep].copy()
     out["y"] = y
@@ -51,7 +51,7 @@ def tile_predictions(model: GeoModel, dataset: SpatialDataset, *, split: str = "
     out["lower"] = lower
     out["upper"] = upper
     out["pi_width"] = upper - lower
-    out[f"mean_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd)
+    out[f"mean_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd, pred.df)
     out["inside_pi"] = (y >= lower) & (y <= upper)
     geometry = tiles.geometry.to_numpy()
     return gpd.GeoDataFrame(out.reset_index(drop=True), geometry=geometry, crs=tiles.crs or "EPSG:4326")
