@@ -53,13 +53,14 @@ def test_predict_and_kernel_slice_take_degrees(small_dataset, geomodel):
     np.testing.assert_allclose(via_lonlat.sd, direct.sd, rtol=1e-6)
     at_quarter = geomodel.predict(lonlat, "2023Q4")
     np.testing.assert_array_equal(at_quarter.mean, via_lonlat.mean)
-    # predict_tiles: each row at its own quarter, plus the sd of a new measurement of its own tests
+    # predict_tiles: each row at its own quarter, plus the sd of a new measurement of its own
+    # tests, times the scale chosen with the measurement family on the val rows
     tests = test["tests"].to_numpy(np.float64)
     tiles = geomodel.predict_tiles(test)
     direct_tests = geomodel.regressor.predict(X, tests=tests)
     np.testing.assert_allclose(tiles.mean, direct.mean, rtol=1e-6)
     np.testing.assert_allclose(tiles.sd, direct.sd, rtol=1e-6)
-    np.testing.assert_allclose(tiles.measurement_sd, direct_tests.measurement_sd, rtol=1e-6)
+    np.testing.assert_allclose(tiles.measurement_sd, direct_tests.measurement_sd * geomodel.tails.sd_scale, rtol=1e-6)
     np.testing.assert_array_equal(tiles.measurement().sd, tiles.measurement_sd)
     k = geomodel.kernel_slice(lonlat[:10], lonlat[:3])
     assert k.shape == (10, 3)
@@ -81,6 +82,35 @@ def test_save_load_round_trip(tmp_path, small_dataset, geomodel):
     geomodel.regressor.save(tmp_path / "plain.pt")
     with pytest.raises(InputDataError, match="GeoModel"):
         GeoModel.load(tmp_path / "plain.pt")
+
+
+def test_new_measurements_get_the_validation_chosen_family_and_keep_it_on_disk(tmp_path, small_dataset, geomodel):
+    """fit_dataset chooses the Student-t family on the val rows (the lowest val NLL over the df
+    grid, so no worse than the Gaussian's), it reaches predict_tiles' measurement distribution
+    and not the tile mean's, survives save/load, and a file without it loads as Gaussian."""
+    import torch
+
+    from geodbk.fit.metrics import nll
+    from geodbk.fit.tails import fit_measurement_tails
+
+    val = small_dataset.subset("val")
+    tails = geomodel.tails
+    assert tails is not None and tails.validation_nll < np.inf
+    scored = geomodel.predict_tiles(val)
+    assert scored.df == np.inf and scored.measurement().df == tails.df
+    gaussian = dataclasses.replace(geomodel, tails=None).predict_tiles(val)
+    np.testing.assert_allclose(scored.measurement().sd, gaussian.measurement().sd * tails.sd_scale)
+    assert nll(val["y"].to_numpy(), scored.measurement()) <= nll(val["y"].to_numpy(), gaussian.measurement()) + 1e-9
+    assert fit_measurement_tails(val["y"].to_numpy(), gaussian) == tails
+
+    path = tmp_path / "m.pt"
+    geomodel.save(path)
+    assert GeoModel.load(path).tails == tails
+    payload = torch.load(path, weights_only=True)
+    del payload["tails"]  # a model file written before the family was chosen
+    torch.save(payload, path)
+    assert GeoModel.load(path).tails is None
+    assert GeoModel.load(path).predict_tiles(val).measurement().df == np.inf
 
 
 def test_cli_fit_writes_models_and_merged_metrics(tmp_path, small_dataset, capsys):

@@ -386,7 +386,8 @@ def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
     np.testing.assert_allclose(got.mean, gp.mean + shift, rtol=0, atol=1e-12)
     np.testing.assert_allclose(got.sd, np.sqrt(s * gp.sd**2 + var), rtol=1e-12)
     test_noise = gp.measurement_sd**2 - gp.sd**2
-    np.testing.assert_allclose(got.measurement_sd, np.sqrt(s * gp.sd**2 + s_t * test_noise + var), rtol=1e-12)
+    combined = np.sqrt(s * gp.sd**2 + s_t * test_noise + var)  # times the val-chosen measurement scale
+    np.testing.assert_allclose(got.measurement_sd, pr_model.tails.sd_scale * combined, rtol=1e-12)
     # the correction is real: on training rows (first in `rows`) the shift follows the residual
     n_train = len(pr_two_quarters.subset("train"))
     assert np.abs(shift).max() > 0.05
@@ -507,7 +508,7 @@ def test_area_criterion_is_the_nll_of_area_condition(small, monkeypatch):
     areas' mean residuals under the variance :meth:`area_condition` and the one combination
     rule give, for two different kernels (it must follow the kernel being tried)."""
     from geodbk.fit import residuals
-    from geodbk.fit.metrics import gaussian_nll as metric_nll
+    from geodbk.fit.metrics import nll as metric_nll
     from geodbk.prediction import Prediction
 
     monkeypatch.setattr(residuals, "AREA_CUTOFF_RANGES", 100.0)

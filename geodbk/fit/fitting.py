@@ -20,6 +20,7 @@ from geodbk.fit.geomodel import GeoModel
 from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol
 from geodbk.fit.regressor import Regressor
 from geodbk.fit.residuals import ResidualField
+from geodbk.fit.tails import fit_measurement_tails
 from geodbk.fit.train import fit_arrays
 from geodbk.fit.validation_areas import AreaGroups, square_areas
 from geodbk.models.zoo import get_model_spec
@@ -36,6 +37,7 @@ def fit_dataset(
     local_residuals: bool = True,
     area_criterion: bool = True,
     conjugate_posterior: bool = True,
+    measurement_tails: bool = True,
     **overrides: Any,
 ) -> GeoModel:
     """Fit ``kind`` on the dataset's train split, selecting on its val split.
@@ -63,6 +65,9 @@ def fit_dataset(
             conjugate posterior given the learned basis (:meth:`Regressor.refit_posterior`)
             before the residual field is fitted, where the protocol does, so that the covariance
             behind area, change and exceedance products is a posterior. ``False`` is an ablation.
+        measurement_tails: choose a new measurement's family on the validation rows (a Student-t,
+            :func:`~geodbk.fit.tails.fit_measurement_tails`), where the protocol does; maps of
+            the tile mean do not change. ``False`` keeps it Gaussian (an ablation).
         overrides: fields of :class:`~geodbk.models.config.ModelConfig` or
             :class:`~geodbk.models.config.TrainConfig` (``hidden=16``, ``epochs=5``,
             ``progress=False``, ...); ``None`` values are ignored.
@@ -114,7 +119,11 @@ def fit_dataset(
         posterior="conjugate" if refit else "trained",
     )
     support = train.drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
-    return GeoModel(regressor, inputs, info, support, residuals)
+    model = GeoModel(regressor, inputs, info, support, residuals)
+    if measurement_tails and rules.measurement_tails:
+        val = dataset.subset("val")
+        model.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), model.predict_tiles(val))
+    return model
 
 
 def _validation_areas(

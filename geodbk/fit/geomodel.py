@@ -3,9 +3,14 @@
 Inputs are lon/lat in degrees (EPSG:4326) and, for space-time models, a quarter; the
 :class:`~geodbk.dataset.inputs.InputSpace` maps them to what the regressor was fitted on. Space-time
 GP kinds add tile-scale detail from a :class:`~geodbk.fit.residuals.ResidualField` (a local
-kernel conditioned on their training residuals). Outputs are in the target's log10 units.
-Asking about places or quarters outside the fitted domain warns with an
-:class:`~geodbk.errors.ExtrapolationWarning`.
+kernel conditioned on their training residuals), and space-time models score a new measurement
+with the heavy-tailed family of :class:`~geodbk.fit.tails.MeasurementTails`. Outputs are in
+the target's log10 units. Asking about places or quarters outside the fitted domain warns with
+an :class:`~geodbk.errors.ExtrapolationWarning`.
+
+Size: one class over 450 lines, because every method reads the same fitted parts (the
+regressor, its inputs, the residual field's one combination rule); the map-facing helpers
+(quarters, change spans, domain checks) are thin and sit beside the ``grid`` they serve.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from geodbk.dataset.quarters import Quarter, quarter_years
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
+from geodbk.fit.tails import MeasurementTails
 from geodbk.ingest.quadkey import OOKLA_ZOOM
 from geodbk.ingest.regions import Region
 from geodbk.maps.geometry import RegionLike, RegularGrid, area_sample
@@ -62,6 +68,7 @@ class GeoModel:
         support: (m, 2) lon/lat degrees of the distinct training tiles (for
             :meth:`distance_to_data`), or ``None``.
         residuals: the local residual field added to the regressor's predictions, or ``None``.
+        tails: the family of a new measurement (chosen on validation rows), or ``None``: Gaussian.
     """
 
     regressor: Regressor
@@ -69,6 +76,7 @@ class GeoModel:
     info: ModelInfo
     support: np.ndarray | None = None
     residuals: ResidualField | None = None
+    tails: MeasurementTails | None = None
     _support_index: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -118,15 +126,16 @@ class GeoModel:
     ) -> Prediction:
         """Predictive distribution of log10(value) at ``lonlat`` (n, 2) degrees and ``time``.
 
-        ``sd`` is the tile-mean distribution; ``tests`` (n,) adds ``measurement_sd`` for new
-        measurements of that many tests (see :class:`~geodbk.prediction.Prediction`).
+        ``sd`` is the tile-mean distribution; ``tests`` (n,) adds ``measurement_sd`` (and
+        ``measurement_df``, from :attr:`tails`) for new measurements of that many tests (see
+        :class:`~geodbk.prediction.Prediction`).
         """
         lonlat = _lonlat(lonlat, "lonlat")
         prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
-        if self.residuals is None:
-            return prediction
-        years = self._years(time, len(lonlat))
-        return self._with_residuals(prediction, *self.residuals.condition(lonlat, years), years)
+        if self.residuals is not None:
+            years = self._years(time, len(lonlat))
+            prediction = self._with_residuals(prediction, *self.residuals.condition(lonlat, years), years)
+        return prediction if self.tails is None else self.tails.apply(prediction)
 
     def _combine(
         self, gp_var: np.ndarray, local_var: np.ndarray | float, factor: np.ndarray | float = 1.0,
@@ -426,6 +435,7 @@ class GeoModel:
             "meta": self.info.to_dict(),
             "support": None if self.support is None else torch.tensor(np.array(self.support), dtype=torch.float64),
             "residuals": None if self.residuals is None else self.residuals.to_payload(),
+            "tails": None if self.tails is None else self.tails.to_payload(),
         }
         write_payload(payload, path)
 
@@ -440,11 +450,12 @@ class GeoModel:
             inputs = InputSpace.from_dict(payload["inputs"])
         else:
             raise InputDataError(f"{path} is not a geodbk GeoModel file")
-        support, residuals = payload.get("support"), payload.get("residuals")
+        support, residuals, tails = payload.get("support"), payload.get("residuals"), payload.get("tails")
         return cls(
             regressor=Regressor.from_payload(payload["regressor"], device),
             inputs=inputs,
             info=ModelInfo.from_dict({"kind": payload["regressor"]["kind"], **payload["meta"]}),
             support=None if support is None else support.cpu().numpy(),
             residuals=None if residuals is None else ResidualField.from_payload(residuals),
+            tails=None if tails is None else MeasurementTails.from_payload(tails),
         )

@@ -72,6 +72,8 @@ class Protocol:
         conjugate_posterior: whether kinds whose zoo spec asks for it get the conjugate
             posterior of their weights given the learned basis.
         coordinate_jitter_m: the training batches' coordinate jitter, metres (0 = none).
+        measurement_tails: whether a new measurement's family (Student-t degrees of freedom
+            and sd scale, :mod:`geodbk.fit.tails`) is chosen on the validation rows; else Gaussian.
     """
 
     name: str
@@ -79,6 +81,7 @@ class Protocol:
     local_residuals: bool
     conjugate_posterior: bool
     coordinate_jitter_m: float = 0.0
+    measurement_tails: bool = False
 
     def input_space(self, dataset: Any) -> InputSpace:
         """The inputs of a :class:`~geodbk.dataset.spatial_dataset.SpatialDataset` under this protocol."""
@@ -124,6 +127,7 @@ SPACE_TIME = Protocol(
     local_residuals=True,
     conjugate_posterior=True,
     coordinate_jitter_m=COORDINATE_JITTER_M,
+    measurement_tails=True,
 )
 PAPER = Protocol("paper", (("noise_init", MAP_NOISE_INIT),), local_residuals=False, conjugate_posterior=False)
 #: The protocols by name.

@@ -1,0 +1,80 @@
+"""A new measurement's Student-t family: its scores against scipy and the defining integrals,
+its 95% interval by Monte Carlo, and the validation choice recovering a known df and scale."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from geodbk.fit.metrics import coverage95, crps, nll, nll_per_row
+from geodbk.fit.tails import MeasurementTails, fit_measurement_tails
+from geodbk.prediction import Prediction, quantile95, to_data_units
+
+
+def _scipy_t(mean: float, sd: float, df: float):
+    """The Student-t with this mean, standard deviation and df, as scipy parametrises it."""
+    return stats.t(df, mean, sd * math.sqrt((df - 2.0) / df))
+
+
+@pytest.mark.parametrize("df", [3.0, 5.0, 30.0])
+def test_t_nll_and_crps_match_scipy_and_the_defining_integral(df):
+    mean, sd = 0.3, 0.7
+    y = np.array([-2.5, 0.1, 0.9])
+    p = Prediction(np.full(3, mean), np.full(3, sd), df=df)
+    dist = _scipy_t(mean, sd, df)
+    np.testing.assert_allclose(nll_per_row(y, p), -dist.logpdf(y), rtol=1e-12)
+    for value in y:
+        below = integrate.quad(lambda x: dist.cdf(x) ** 2, -np.inf, value)[0]
+        above = integrate.quad(lambda x: (1.0 - dist.cdf(x)) ** 2, value, np.inf)[0]
+        one = Prediction(np.array([mean]), np.array([sd]), df=df)
+        assert crps(np.array([value]), one) == pytest.approx(below + above, rel=1e-7)
+    assert dist.std() == pytest.approx(sd, rel=1e-12)  # sd is the t's standard deviation
+
+
+def test_large_df_tends_to_the_gaussian_and_inf_is_it():
+    y, mean, sd = np.array([-1.0, 0.4, 2.0]), np.zeros(3), np.full(3, 0.8)
+    gauss, t_large = Prediction(mean, sd), Prediction(mean, sd, df=1e7)
+    assert nll(y, t_large) == pytest.approx(nll(y, gauss), abs=1e-6)
+    assert crps(y, t_large) == pytest.approx(crps(y, gauss), abs=1e-6)
+    assert quantile95(math.inf) == pytest.approx(stats.norm.ppf(0.975), abs=1e-6)
+
+
+def test_central_interval_holds_95_percent_of_t_draws():
+    df, sd = 4.0, 0.5
+    draws = _scipy_t(0.0, sd, df).rvs(400_000, random_state=np.random.default_rng(3))
+    p = Prediction(np.zeros(len(draws)), np.full(len(draws), sd), df=df)
+    assert coverage95(draws, p) == pytest.approx(0.95, abs=0.002)
+    np.testing.assert_allclose(p.upper - p.lower, p.pi_width)
+    _, low, high = to_data_units(p.mean[:1], p.sd[:1], df)
+    np.testing.assert_allclose([low[0], high[0]], 10.0 ** np.array([p.lower[0], p.upper[0]]))
+    assert p.pi_width[0] > Prediction(p.mean[:1], p.sd[:1]).pi_width[0] * 0.9  # same sd, similar width
+
+
+def test_validation_choice_recovers_a_known_df_and_scale():
+    rng = np.random.default_rng(0)
+    n, df, true_sd = 40_000, 5.0, 0.6
+    mean = rng.normal(size=n)
+    y = mean + _scipy_t(0.0, true_sd, df).rvs(n, random_state=rng)
+    claimed = Prediction(mean, np.full(n, 0.1), measurement_sd=np.full(n, true_sd / 1.3))
+    tails = fit_measurement_tails(y, claimed)
+    assert tails.df in (4.0, 5.0, 6.0)
+    assert tails.sd_scale == pytest.approx(1.3, rel=0.03)
+    gaussian_y = mean + rng.normal(0.0, true_sd, n)
+    assert fit_measurement_tails(gaussian_y, claimed).df >= 30.0
+
+
+def test_apply_changes_only_the_measurement_distribution():
+    p = Prediction(np.zeros(2), np.full(2, 0.3), measurement_sd=np.full(2, 0.5))
+    tails = MeasurementTails(df=6.0, sd_scale=0.9)
+    out = tails.apply(p)
+    np.testing.assert_array_equal(out.sd, p.sd)
+    assert out.df == math.inf  # the tile mean stays Gaussian
+    measured = out.measurement()
+    np.testing.assert_allclose(measured.sd, 0.45)
+    assert measured.df == 6.0
+    assert out.subset(np.array([True, False])).measurement().df == 6.0
+    no_tests = Prediction(np.zeros(2), np.full(2, 0.3))
+    assert tails.apply(no_tests) is no_tests
+    fitted = MeasurementTails(df=8.0, sd_scale=1.1, validation_nll=0.62)
+    assert MeasurementTails.from_payload(fitted.to_payload()) == fitted
