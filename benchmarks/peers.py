@@ -9,7 +9,10 @@ two distributions as :class:`geodbk.prediction.Prediction`:
 
 where ``v_latent`` is the model's own predictive variance of the latent mean (the Gaussian
 process's for GPBoost; 0 for LightGBM, which has none) and ``(s0, s1)`` are fitted by maximum
-likelihood on the validation residuals (:func:`fit_measurement_noise`). So
+likelihood on the validation residuals (:func:`fit_measurement_noise`). Then, as for a geodbk
+space-time model, a new measurement's family (Student-t degrees of freedom and sd scale,
+:func:`geodbk.fit.tails.fit_measurement_tails`) is chosen on the same validation rows, unless
+:func:`fit_peer` is told ``measurement_tails=False``. So
 ``evaluate(y, peer.predict_tiles(rows).measurement(), classes)`` scores a peer exactly as
 :func:`geodbk.workflow.evaluate_on_test` scores a geodbk model.
 
@@ -47,6 +50,7 @@ from scipy.optimize import minimize
 
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.quarters import quarter_years
+from geodbk.fit.tails import MeasurementTails, fit_measurement_tails
 from geodbk.prediction import Prediction
 
 #: Peer name -> module it needs.
@@ -200,6 +204,7 @@ class PeerModel:
         covariates: the mean's covariates, in :func:`peer_features` order.
         projection: LAEA projection of the features.
         s0, s1: validation-fitted noise, log10 units (see the module docstring).
+        tails: a new measurement's validation-chosen family, or ``None`` (Gaussian).
         details: fit facts for reports (iterations, covariance parameters, seconds).
     """
 
@@ -209,6 +214,7 @@ class PeerModel:
     projection: ProjectedTransform
     s0: float = float("nan")
     s1: float = float("nan")
+    tails: MeasurementTails | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     def latent(self, rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -224,7 +230,8 @@ class PeerModel:
         measurement = None
         if "tests" in rows.columns:
             measurement = np.sqrt(latent_var + self.s0**2 + self.s1**2 / rows["tests"].to_numpy(np.float64))
-        return Prediction(mean, sd, measurement)
+        prediction = Prediction(mean, sd, measurement)
+        return prediction if self.tails is None else self.tails.apply(prediction)
 
     def fit_noise(self, val: pd.DataFrame) -> None:
         """Set ``s0, s1`` by :func:`fit_measurement_noise` on the validation rows."""
@@ -407,10 +414,19 @@ def fit_gpboost(dataset: HasFrame, variant: str = "tests", seed: int = 0) -> GPB
 FITTERS: Mapping[str, Callable[..., PeerModel]] = {"lightgbm": fit_lightgbm, "gpboost": fit_gpboost}
 
 
-def fit_peer(dataset: HasFrame, name: str, variant: str, seed: int = 0) -> PeerModel:
-    """Fit peer ``name`` (:data:`PEERS`) in ``variant`` (:data:`VARIANTS`)."""
+def fit_peer(
+    dataset: HasFrame, name: str, variant: str, seed: int = 0, measurement_tails: bool = True
+) -> PeerModel:
+    """Fit peer ``name`` (:data:`PEERS`) in ``variant`` (:data:`VARIANTS`); with
+    ``measurement_tails``, choose a new measurement's family on the validation rows as geodbk's
+    space-time fits do (:func:`geodbk.fit.tails.fit_measurement_tails`)."""
     if name not in FITTERS:
         raise ValueError(f"unknown peer {name!r}; known: {sorted(FITTERS)}")
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANTS)}")
-    return FITTERS[name](dataset, variant, seed=seed)
+    peer = FITTERS[name](dataset, variant, seed=seed)
+    if measurement_tails:
+        val = dataset.frame[dataset.frame["split"] == "val"]
+        peer.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), peer.predict_tiles(val))
+        peer.details.update(df=peer.tails.df, sd_scale=peer.tails.sd_scale)
+    return peer
