@@ -428,5 +428,5 @@ def fit_peer(
     if measurement_tails:
         val = dataset.frame[dataset.frame["split"] == "val"]
         peer.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), peer.predict_tiles(val))
-        peer.details.update(df=peer.tails.df, sd_scale=peer.tails.sd_scale)
+        peer.details.update(df=peer.tails.df, noise_scale=peer.tails.noise_scale)
     return peer

@@ -51,30 +51,34 @@ def test_central_interval_holds_95_percent_of_t_draws():
     assert p.pi_width[0] > Prediction(p.mean[:1], p.sd[:1]).pi_width[0] * 0.9  # same sd, similar width
 
 
-def test_validation_choice_recovers_a_known_df_and_scale():
+def test_validation_choice_recovers_a_known_df_and_noise_scale():
+    """Measurements drawn as a t of df 5 whose noise sd beyond the tile mean's is 1.3 times
+    what the Gaussian prediction claims: the choice finds both; Gaussian draws get a large df."""
     rng = np.random.default_rng(0)
-    n, df, true_sd = 40_000, 5.0, 0.6
+    n, df, tile_sd, noise_sd = 40_000, 5.0, 0.3, 0.5
     mean = rng.normal(size=n)
+    true_sd = math.sqrt(tile_sd**2 + noise_sd**2)
     y = mean + _scipy_t(0.0, true_sd, df).rvs(n, random_state=rng)
-    claimed = Prediction(mean, np.full(n, 0.1), measurement_sd=np.full(n, true_sd / 1.3))
+    claimed_sd = math.sqrt(tile_sd**2 + (noise_sd / 1.3) ** 2)
+    claimed = Prediction(mean, np.full(n, tile_sd), measurement_sd=np.full(n, claimed_sd))
     tails = fit_measurement_tails(y, claimed)
     assert tails.df in (4.0, 5.0, 6.0)
-    assert tails.sd_scale == pytest.approx(1.3, rel=0.03)
+    assert tails.noise_scale == pytest.approx(1.3, rel=0.03)
     gaussian_y = mean + rng.normal(0.0, true_sd, n)
     assert fit_measurement_tails(gaussian_y, claimed).df >= 30.0
 
 
 def test_apply_changes_only_the_measurement_distribution():
     p = Prediction(np.zeros(2), np.full(2, 0.3), measurement_sd=np.full(2, 0.5))
-    tails = MeasurementTails(df=6.0, sd_scale=0.9)
+    tails = MeasurementTails(df=6.0, noise_scale=0.5)
     out = tails.apply(p)
     np.testing.assert_array_equal(out.sd, p.sd)
     assert out.df == math.inf  # the tile mean stays Gaussian
     measured = out.measurement()
-    np.testing.assert_allclose(measured.sd, 0.45)
+    np.testing.assert_allclose(measured.sd, math.sqrt(0.09 + 0.25 * 0.16))  # noise var 0.16, scaled by 0.5^2
     assert measured.df == 6.0
     assert out.subset(np.array([True, False])).measurement().df == 6.0
     no_tests = Prediction(np.zeros(2), np.full(2, 0.3))
     assert tails.apply(no_tests) is no_tests
-    fitted = MeasurementTails(df=8.0, sd_scale=1.1, validation_nll=0.62)
+    fitted = MeasurementTails(df=8.0, noise_scale=1.1, validation_nll=0.62)
     assert MeasurementTails.from_payload(fitted.to_payload()) == fitted

@@ -54,13 +54,15 @@ def test_predict_and_kernel_slice_take_degrees(small_dataset, geomodel):
     at_quarter = geomodel.predict(lonlat, "2023Q4")
     np.testing.assert_array_equal(at_quarter.mean, via_lonlat.mean)
     # predict_tiles: each row at its own quarter, plus the sd of a new measurement of its own
-    # tests, times the scale chosen with the measurement family on the val rows
+    # tests, its noise part scaled as chosen with the measurement family on the val rows
     tests = test["tests"].to_numpy(np.float64)
     tiles = geomodel.predict_tiles(test)
     direct_tests = geomodel.regressor.predict(X, tests=tests)
     np.testing.assert_allclose(tiles.mean, direct.mean, rtol=1e-6)
     np.testing.assert_allclose(tiles.sd, direct.sd, rtol=1e-6)
-    np.testing.assert_allclose(tiles.measurement_sd, direct_tests.measurement_sd * geomodel.tails.sd_scale, rtol=1e-6)
+    noise_var = direct_tests.measurement_sd**2 - direct.sd**2
+    expected = np.sqrt(direct.sd**2 + geomodel.tails.noise_scale**2 * noise_var)
+    np.testing.assert_allclose(tiles.measurement_sd, expected, rtol=1e-6)
     np.testing.assert_array_equal(tiles.measurement().sd, tiles.measurement_sd)
     k = geomodel.kernel_slice(lonlat[:10], lonlat[:3])
     assert k.shape == (10, 3)
@@ -99,7 +101,9 @@ def test_new_measurements_get_the_validation_chosen_family_and_keep_it_on_disk(t
     scored = geomodel.predict_tiles(val)
     assert scored.df == np.inf and scored.measurement().df == tails.df
     gaussian = dataclasses.replace(geomodel, tails=None).predict_tiles(val)
-    np.testing.assert_allclose(scored.measurement().sd, gaussian.measurement().sd * tails.sd_scale)
+    noise_var = gaussian.measurement_sd**2 - gaussian.sd**2
+    np.testing.assert_allclose(scored.measurement().sd, np.sqrt(gaussian.sd**2 + tails.noise_scale**2 * noise_var))
+    assert (scored.measurement().sd >= scored.sd).all()  # a measurement is never surer than its tile mean
     assert nll(val["y"].to_numpy(), scored.measurement()) <= nll(val["y"].to_numpy(), gaussian.measurement()) + 1e-9
     assert fit_measurement_tails(val["y"].to_numpy(), gaussian) == tails
 

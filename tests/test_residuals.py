@@ -386,8 +386,9 @@ def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
     np.testing.assert_allclose(got.mean, gp.mean + shift, rtol=0, atol=1e-12)
     np.testing.assert_allclose(got.sd, np.sqrt(s * gp.sd**2 + var), rtol=1e-12)
     test_noise = gp.measurement_sd**2 - gp.sd**2
-    combined = np.sqrt(s * gp.sd**2 + s_t * test_noise + var)  # times the val-chosen measurement scale
-    np.testing.assert_allclose(got.measurement_sd, pr_model.tails.sd_scale * combined, rtol=1e-12)
+    combined = s * gp.sd**2 + s_t * test_noise + var  # its noise part then scaled as chosen on the val rows
+    scaled = got.sd**2 + pr_model.tails.noise_scale**2 * (combined - got.sd**2)
+    np.testing.assert_allclose(got.measurement_sd, np.sqrt(scaled), rtol=1e-12)
     # the correction is real: on training rows (first in `rows`) the shift follows the residual
     n_train = len(pr_two_quarters.subset("train"))
     assert np.abs(shift).max() > 0.05
