@@ -1,15 +1,15 @@
 """The distribution of a new measurement: :class:`MeasurementTails`, chosen on validation rows.
 
 A tile's latent speed f is Gaussian under every GP kind, and so are the maps of the tile mean.
-A new measurement y = f + noise is not: speed tests have a heavy lower tail (a tile whose few
-tests came from a phone in a basement). On HI's random split, 1.2% of dbk-rbf's test rows
-lie more than 3 Gaussian sds from the mean, down to -7 sds, and carry 0.11 of the 0.65 nats of
-its test NLL. So the new-measurement distribution is a Student-t with the Gaussian one's mean,
-``df`` degrees of freedom, and the Gaussian one's variance with its noise part (what a
-measurement of k tests adds to the tile mean's variance) scaled by ``noise_scale^2``, both
-chosen by the NLL of the validation rows (``df = inf`` keeps it Gaussian). Scaling only the
-noise part keeps a measurement at least as uncertain as the tile mean it measures. It changes the scoring of new
-measurements (NLL, CRPS, their 95% interval) and nothing on a map.
+A new measurement y = f + noise is not: speed tests have a heavy lower tail. On HI's random
+split, 1.2% of dbk-rbf's test rows lie more than 3 Gaussian sds from the mean, down to -7
+sds, and carry 0.11 of the 0.65 nats of its test NLL. So the new-measurement distribution is
+a Student-t with the Gaussian one's mean, ``df`` degrees of freedom, and the Gaussian one's
+variance with its noise part (what a measurement of k tests adds to the tile mean's variance)
+scaled by ``noise_scale^2``, both chosen by the NLL of the validation rows (``df = inf`` keeps
+it Gaussian). Scaling only the noise part keeps a measurement at least as uncertain as the
+tile mean it measures. It changes the scoring of new measurements (NLL, CRPS, their 95%
+interval) and nothing on a map.
 
 A t is the marginal of a Gaussian whose variance is drawn from an inverse gamma, the usual
 robust likelihood in GP software (GPyTorch's ``StudentTLikelihood``). Here it is fitted after
