@@ -18,12 +18,18 @@ from scipy.special import ndtr, stdtrit
 Z95 = 1.959964
 
 
+def t_scale_per_sd(df: float) -> float:
+    """The scale of a Student-t with ``df`` > 2 degrees of freedom and sd 1, sqrt((df - 2) / df)
+    (its variance is scale^2 df / (df - 2))."""
+    return math.sqrt((df - 2.0) / df)
+
+
 def quantile95(df: float) -> float:
     """The half-width of the central 95% interval of a Student-t with ``df`` > 2 degrees of
-    freedom and sd 1, t_{0.975, df} sqrt((df - 2) / df); :data:`Z95` for ``df = inf`` (Gaussian)."""
+    freedom and sd 1, t_{0.975, df} :func:`t_scale_per_sd`; :data:`Z95` for ``df = inf`` (Gaussian)."""
     if math.isinf(df):
         return Z95
-    return float(stdtrit(df, 0.975) * math.sqrt((df - 2.0) / df))
+    return float(stdtrit(df, 0.975) * t_scale_per_sd(df))
 
 
 @dataclass

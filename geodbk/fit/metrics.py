@@ -22,7 +22,7 @@ from scipy.special import betaln, erf, gammaln, stdtr
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.objectives import gaussian_nll as elementwise_gaussian_nll
-from geodbk.prediction import Prediction, quantile95
+from geodbk.prediction import Prediction, quantile95, t_scale_per_sd
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
 GROUPS = ("overall", "urban", "rural")
@@ -41,8 +41,8 @@ def mae(y: np.ndarray, prediction: Prediction) -> float:
 
 
 def _t_scale(prediction: Prediction) -> np.ndarray:
-    """(n,) the Student-t scale s of sd and df > 2: s = sd sqrt((df - 2) / df)."""
-    return np.asarray(prediction.sd, np.float64) * math.sqrt((prediction.df - 2.0) / prediction.df)
+    """(n,) the Student-t scale s of the prediction's sd and df > 2 (:func:`~geodbk.prediction.t_scale_per_sd`)."""
+    return np.asarray(prediction.sd, np.float64) * t_scale_per_sd(prediction.df)
 
 
 def _t_log_density(z: np.ndarray, df: float) -> np.ndarray:
