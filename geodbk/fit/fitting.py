@@ -85,7 +85,8 @@ def fit_dataset(
 
     train = dataset.subset("train")  # one copy of the training rows (9.7M of them in the US benchmark)
     X, y, tests, lonlat, years = rows(train)
-    X_val, y_val, tests_val, lonlat_val, years_val = rows(dataset.subset("val"))
+    val = dataset.subset("val")
+    X_val, y_val, tests_val, lonlat_val, years_val = rows(val)
     regressor = fit_arrays(
         kind, X, y, X_val, y_val, tests=tests, tests_val=tests_val, model_config=model_config,
         train_config=train_config,
@@ -121,8 +122,7 @@ def fit_dataset(
     support = train.drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
     model = GeoModel(regressor, inputs, info, support, residuals)
     if measurement_tails and rules.measurement_tails:
-        val = dataset.subset("val")
-        model.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), model.predict_tiles(val))
+        model.tails = fit_measurement_tails(y_val, model.predict_tiles(val))
     return model
 
 
