@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.fit.residuals import LocalKernel, ResidualField, tile_centres
+from geodbk.fit.residuals import NEIGHBOUR_METRES_PER_YEAR, OUTLIER_DF, LocalKernel, ResidualField, tile_centres
 from geodbk.fit.validation_areas import AreaGroups, square_areas
 from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres
 
@@ -164,9 +164,10 @@ def test_far_from_training_rows_gives_no_correction_and_prior_variance(small):
     field = make_field(kernel, keys, years, residual, noise_var, neighbours=16)
     # about 50 km east and 50 km west-south-west of the training box
     far = np.array([[SAN_JUAN[0] + 0.5, SAN_JUAN[1]], [SAN_JUAN[0] - 0.45, SAN_JUAN[1] - 0.15]])
-    distance, _ = field._tree.query(field.projection.to_metres(tile_centres(far)))
+    when = np.array([2023.875, 2021.0])
+    distance, _ = field._neighbourhoods(far, when)
     assert (distance > 45_000).all()
-    mean, var = field.condition(far, np.array([2023.875, 2021.0]))
+    mean, var = field.condition(far, when)
     np.testing.assert_allclose(mean, 0.0, rtol=0, atol=1e-6)
     np.testing.assert_allclose(var, kernel.prior_var, rtol=0, atol=1e-6)
     assert kernel.prior_var == pytest.approx(0.05 + 0.03 + 0.02)
@@ -178,7 +179,7 @@ def test_payload_round_trip_through_torch_save(small, tmp_path):
     torch.save(field.to_payload(), tmp_path / "field.pt")
     back = ResidualField.from_payload(torch.load(tmp_path / "field.pt", weights_only=True))
     assert back.kernel == field.kernel and back.neighbours == 8
-    assert back.projection == field.projection
+    assert back.projection == field.projection and back.metres_per_year == NEIGHBOUR_METRES_PER_YEAR
     rng = np.random.default_rng(3)
     query = np.column_stack([SAN_JUAN[0] + rng.uniform(-0.03, 0.03, 50), SAN_JUAN[1] + rng.uniform(-0.03, 0.03, 50)])
     when = rng.uniform(2021.0, 2024.5, 50)
@@ -277,6 +278,50 @@ def test_fit_recovers_the_tile_variance_and_beats_the_zero_correction(synthetic)
     assert 0.5 < unshared(field.kernel) / unshared(TRUE) < 2.0
     assert 0.5 < field.kernel.prior_var / TRUE.prior_var < 1.5
     assert 0.25 < field.kernel.variance_scale < 1.0
+
+
+def test_outlier_inflation_is_the_t_weight_of_the_leave_one_out_residual(small):
+    """With every other row as a neighbour, a row's z is its residual minus the exact Gaussian
+    conditioning on all the other rows, over the sd of that difference."""
+    keys, years, residual, noise_var, *_ = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=len(keys) - 1)
+    inflation = field.outlier_inflation()
+    z = np.empty(len(keys))
+    for i in range(len(keys)):
+        others = np.arange(len(keys)) != i
+        mean, var = dense_condition(KERNEL, field.projection, (keys[others], years[others]), residual[others],
+                                    noise_var[others], (keys[i : i + 1], years[i : i + 1]))
+        z[i] = (residual[i] - mean[0]) / np.sqrt(var[0] + KERNEL.variance_scale * noise_var[i])
+    np.testing.assert_allclose(inflation, np.maximum(1.0, (OUTLIER_DF + z**2) / (OUTLIER_DF + 1.0)), rtol=1e-9)
+    assert (inflation == 1.0).any() and (inflation > 1.2).any()
+
+
+def test_outlier_weights_keep_a_bad_row_from_pulling_its_tile(synthetic):
+    """30 training rows pushed 3 log10 units down (a test run 1,000 times too slow): the fit
+    inflates their noise, and the test rows of their tiles are predicted about as well as
+    without the outliers; with the same kernel and no inflation they are not."""
+    (lonlat, years, residual, noise_var), val, test = synthetic["train"], synthetic["val"], synthetic["test"]
+    rng = np.random.default_rng(5)
+    bad = rng.choice(len(residual), 30, replace=False)
+    spoiled = residual.copy()
+    spoiled[bad] -= 3.0
+    field = ResidualField.fit(lonlat, years, spoiled, noise_var, *val)
+    clean = ResidualField.fit(lonlat, years, residual, noise_var, *val)
+    assert field.noise_inflation[bad].min() > 10.0
+    assert np.median(np.delete(field.noise_inflation, bad)) == 1.0
+    assert np.mean(np.delete(field.noise_inflation, bad) > 2.0) < 0.05
+    # test rows on the spoiled rows' tiles
+    test_lonlat, test_years, test_residual, test_noise = test
+    near = np.isin(test_lonlat.round(9).view(np.complex128), lonlat[bad].round(9).view(np.complex128)).reshape(-1)
+    assert near.sum() >= 5
+
+    def nll(f: ResidualField) -> float:
+        mean, var = f.condition(test_lonlat[near], test_years[near])
+        return gaussian_nll(test_residual[near], mean, f.kernel.variance_scale * test_noise[near] + var)
+
+    gaussian = dataclasses.replace(field, noise_inflation=np.ones(len(spoiled)))
+    assert nll(field) < nll(clean) + 0.1
+    assert nll(gaussian) > nll(field) + 1.0  # seen: robust 0.05, clean 0.01, no inflation 3.17
 
 
 #: The scale of the test-count noise in :func:`test_fit_recovers_separate_scales_of_tile_and_test_noise`.
@@ -424,19 +469,6 @@ def test_geomodel_save_load_keeps_the_field(pr_two_quarters, pr_model, tmp_path)
         np.testing.assert_array_equal(theirs.measurement_sd, ours.measurement_sd)
 
 
-def test_series_conditioning_equals_one_time_at_a_time(small):
-    keys, years, residual, noise_var, q_keys, q_years = small
-    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
-    q_lonlat = quadkey_centres(q_keys)
-    times = np.stack([q_years, q_years - 1.0, np.full(len(q_years), 2022.625)])
-    mean, var = field.condition(q_lonlat, times)
-    assert mean.shape == var.shape == (3, len(q_keys))
-    for t in range(3):
-        one_mean, one_var = field.condition(q_lonlat, times[t])
-        np.testing.assert_allclose(mean[t], one_mean, rtol=0, atol=1e-12)
-        np.testing.assert_allclose(var[t], one_var, rtol=0, atol=1e-12)
-
-
 def test_change_variance_is_exact_joint_conditioning_of_the_pair(small):
     """With every row as a neighbour, Var[r(x, t2) - r(x, t1) | data] from the dense joint Gaussian."""
     keys, years, residual, noise_var, q_keys, q_years = small
@@ -455,6 +487,64 @@ def test_change_variance_is_exact_joint_conditioning_of_the_pair(small):
         cov = kpp - kpn @ np.linalg.solve(A, kpn.T)
         assert var[i] == pytest.approx(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], abs=1e-10)
     assert (var > 0).all() and (var < 2 * KERNEL.prior_var).all()
+
+
+def test_change_variance_is_the_error_variance_of_the_kriged_change(small):
+    """Monte Carlo over the joint Gaussian, m = 8: the two times pick different nearest rows,
+    and change_variance is the mean squared error of the difference of the two kriged values."""
+    keys, years, residual, noise_var, q_keys, q_years = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    q_lonlat = quadkey_centres(q_keys)
+    t_from, t_to = q_years - 2.5, q_years
+    _, index_from = field._neighbourhoods(q_lonlat, t_from)
+    _, index_to = field._neighbourhoods(q_lonlat, t_to)
+    differ = np.array([set(a) != set(b) for a, b in zip(index_from, index_to, strict=True)])
+    assert differ.sum() >= 5  # the test is about neighbourhoods that are not shared
+    var = field.change_variance(q_lonlat, t_from, t_to)
+
+    def kriging_weights(when: np.ndarray) -> np.ndarray:  # (q, n): the kriged value is linear in the residuals
+        return np.column_stack([
+            dataclasses.replace(field, residual=np.eye(len(keys))[i]).condition(q_lonlat, when)[0]
+            for i in range(len(keys))
+        ])
+
+    weights = kriging_weights(t_to) - kriging_weights(t_from)
+    projection = field.projection
+    xy, q_xy = projection.to_metres(quadkey_centres(keys)), projection.to_metres(q_lonlat)
+    both_keys, both_xy = np.concatenate([q_keys, q_keys]), np.vstack([q_xy, q_xy])
+    both_t = np.concatenate([t_from, t_to])
+    kqq = dense_kernel(KERNEL, both_xy, both_keys, both_t, both_xy, both_keys, both_t)
+    kqn = dense_kernel(KERNEL, both_xy, both_keys, both_t, xy, keys, years)
+    knn = dense_kernel(KERNEL, xy, keys, years, xy, keys, years) + KERNEL.variance_scale * np.diag(noise_var)
+    cov = np.block([[kqq, kqn], [kqn.T, knn]])
+    draws = np.random.default_rng(12).standard_normal((200_000, len(cov))) @ np.linalg.cholesky(cov).T
+    q = len(q_keys)
+    change = draws[:, q : 2 * q] - draws[:, :q]
+    error = change - draws[:, 2 * q :] @ weights.T
+    np.testing.assert_allclose((error**2).mean(0), var, rtol=0.02)
+
+
+def test_nearest_rows_are_nearest_in_space_and_time():
+    """A tile seen in 20 quarters: a query on it takes its rows nearest in time. A year counts
+    as NEIGHBOUR_METRES_PER_YEAR = 250 m, so a neighbouring tile's row of the same quarter
+    (about 580 m away) comes before the tile's own row three years earlier (750 m); by distance
+    alone it was the other way round."""
+    assert NEIGHBOUR_METRES_PER_YEAR == 250.0
+    home = lonlat_to_quadkey(*SAN_JUAN)[0]
+    next_door = lonlat_to_quadkey(SAN_JUAN[0] + 0.006, SAN_JUAN[1])[0]
+    query = quadkey_centres(np.array([home]))
+    years = 2019.125 + 0.25 * np.arange(20)
+    field = make_field(KERNEL, np.array([home] * 20, dtype=object), years, np.zeros(20), np.full(20, 0.05), 5)
+    _, index = field._neighbourhoods(query, np.array([years[9]]))
+    assert set(index[0]) == {7, 8, 9, 10, 11}
+
+    keys = np.array([home, home, next_door], dtype=object)
+    years = np.array([2019.125, 2022.125, 2022.125])
+    field = make_field(KERNEL, keys, years, np.zeros(3), np.full(3, 0.05), 2)
+    distance, index = field._neighbourhoods(query, np.array([2022.125]))
+    assert set(index[0]) == {1, 2} and 550 < distance[0].max() < 650
+    plain = dataclasses.replace(field, metres_per_year=0.0)
+    assert set(plain._neighbourhoods(query, np.array([2022.125]))[1][0]) == {0, 1}
 
 
 def dense_conditional_covariance(kernel, projection, train, noise_var, query) -> np.ndarray:
@@ -659,3 +749,10 @@ def test_a_field_saved_before_the_test_noise_scale_loads_as_it_was(small):
     lonlat = quadkey_centres(q_keys)
     for ours, theirs in zip(field.condition(lonlat, q_years), back.condition(lonlat, q_years)):
         np.testing.assert_array_equal(theirs, ours)
+
+
+def test_a_field_saved_before_space_time_neighbours_chooses_them_by_distance(small):
+    keys, years, residual, noise_var, *_ = small
+    old = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8).to_payload()
+    del old["metres_per_year"]
+    assert ResidualField.from_payload(old).metres_per_year == 0.0

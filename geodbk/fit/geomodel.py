@@ -162,15 +162,10 @@ class GeoModel:
         self, lonlat: np.ndarray, times: Sequence[TimeLike], *, batch_size: int = 65536
     ) -> list[Prediction]:
         """Tile-mean predictions at ``lonlat`` (n, 2) degrees for each of several quarters, one
-        :class:`Prediction` per entry of ``times``. The same as calling :meth:`predict` per
-        quarter, but the local residual field solves each neighbourhood once for all of them."""
+        :class:`Prediction` per entry of ``times``: :meth:`predict` at each (the local residual
+        field conditions each quarter on its own nearest rows in space and time)."""
         lonlat = _lonlat(lonlat, "lonlat")
-        gp = [self.regressor.predict(self.features(lonlat, when), batch_size=batch_size) for when in times]
-        if self.residuals is None or not gp:
-            return gp
-        years = np.stack([self._years(when, len(lonlat)) for when in times])
-        shift, var = self.residuals.condition(lonlat, years)
-        return [self._with_residuals(p, shift[t], var[t], years[t]) for t, p in enumerate(gp)]
+        return [self.predict(lonlat, when, batch_size=batch_size) for when in times]
 
     def predict_tiles(self, tiles: pd.DataFrame) -> Prediction:
         """Predictions for dataset rows (columns lon, lat, year, quarter, tests): each at its own
