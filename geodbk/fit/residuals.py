@@ -34,14 +34,7 @@ of the ``knn`` baseline's k. The tiles fix each row's variance; the areas fix ho
 neighbouring tiles share.
 Places far from any training tile get no correction and a larger variance.
 
-Speed tests have a heavy lower tail, and one training row far below its tile's other
-quarters would pull them all down. So the rows are weighted as in a Student-t likelihood
-(a scale mixture of Gaussians, one iteratively reweighted step): after a first fit, each
-training row's residual is kriged from its nearest other rows, a row z sds off has its
-noise multiplied by max(1, (nu + z^2) / (nu + 1)) (nu = :data:`OUTLIER_DF`; the inverse of
-the t's expected precision weight), and the hyperparameters are chosen again.
-
-Size: conditioning, change and area variances, outlier weights, and the fit's tile and area criteria all read
+Size: conditioning, change and area variances, and the fit's tile and area criteria all read
 the one neighbourhood geometry and batched solve (:meth:`ResidualField._geometry`,
 :meth:`ResidualField._solve`); split apart, they would reach into each other's private parts.
 """
@@ -86,12 +79,6 @@ _QUERY_BLOCK = 2048
 #: +0.001 to +0.002 (the forecast split's validation rows are inside the training quarters).
 #: 500 m was as good on PR's validation and worse on HI's; 1,000 and 2,000 m worse on both.
 NEIGHBOUR_METRES_PER_YEAR = 250.0
-#: Degrees of freedom of the Student-t scale mixture behind the training rows' outlier weights
-#: (:meth:`ResidualField.outlier_inflation`). Validation and test NLL of dbk-rbf, one fit each,
-#: against no weights: PR random -0.006 / -0.006, HI random -0.007 / -0.005, HI forecast
-#: -0.007 / -0.008 (6 was 0.001 worse on each; HI random before space-time neighbours -0.004
-#: / -0.004 at 3 and 6, 15 half that).
-OUTLIER_DF = 3.0
 #: Distance below which two tile centres are the same tile, metres.
 _SAME_TILE_M = 1.0
 #: Bounds of the hyperparameters in :meth:`ResidualField.fit` (LocalKernel field order): no
@@ -178,8 +165,6 @@ class ResidualField:
             existed, whose ``noise_var`` is the whole measurement variance.
         metres_per_year: how far, in metres, a year between a query and a training row counts
             when the nearest rows are chosen (0: by distance alone, as fields saved before it).
-        noise_inflation: (n,) factors >= 1 on the training rows' noise (:meth:`outlier_inflation`);
-            ones for fields saved before it.
     """
 
     kernel: LocalKernel
@@ -192,27 +177,20 @@ class ResidualField:
     horizon_rate: float = 0.0
     test_var: np.ndarray | None = None
     metres_per_year: float = NEIGHBOUR_METRES_PER_YEAR
-    noise_inflation: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.neighbours = int(min(self.neighbours, len(self.residual)))
         if self.test_var is None:
             self.test_var = np.zeros_like(self.noise_var)
-        if self.noise_inflation is None:
-            self.noise_inflation = np.ones_like(self.noise_var)
         self._tree = cKDTree(np.column_stack([self.xy_m, self.metres_per_year * self.years]))
 
-    def _nearest(self, xy: np.ndarray, years: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Distances in metres and indices, (n, k), of the k training rows nearest in space and
-        time (:attr:`metres_per_year`) to points ``xy`` (n, 2) metres at ``years`` (n,)."""
-        _, index = self._tree.query(np.column_stack([xy, self.metres_per_year * years]), k=k)
+    def _neighbourhoods(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distances in metres and indices, (n, m), of the m training rows nearest in space and
+        time (:attr:`metres_per_year`) to the tiles of ``lonlat`` (n, 2) degrees at ``years`` (n,)."""
+        xy = self.projection.to_metres(tile_centres(np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)))
+        _, index = self._tree.query(np.column_stack([xy, self.metres_per_year * years]), k=self.neighbours)
         index = index.reshape(len(xy), -1)
         return np.sqrt(((self.xy_m[index] - xy[:, None, :]) ** 2).sum(-1)), index
-
-    def _neighbourhoods(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_nearest` m rows to the tiles of ``lonlat`` (n, 2) degrees at ``years`` (n,)."""
-        xy = self.projection.to_metres(tile_centres(np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)))
-        return self._nearest(xy, years, self.neighbours)
 
     def condition(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Kriged residual and its conditional variance k(x,x) - k_m^T A^{-1} k_m, (n,), at
@@ -235,10 +213,7 @@ class ResidualField:
     def _geometry(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
         """What conditioning needs besides the kernel: neighbour indices (n, m), query-neighbour
         distances and lags (n, m), and neighbour-neighbour distances and lags (n, m, m)."""
-        return self._geometry_of(*self._neighbourhoods(lonlat, years), years)
-
-    def _geometry_of(self, distance: np.ndarray, index: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:meth:`_geometry` of queries at ``years`` (n,) with neighbours ``index`` at ``distance`` (n, m)."""
+        distance, index = self._neighbourhoods(lonlat, years)
         xy, t = self.xy_m[index], self.years[index]  # (n, m, 2), (n, m)
         pairwise = np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1))
         return index, distance, years[:, None] - t, pairwise, t[:, :, None] - t[:, None, :]
@@ -254,32 +229,9 @@ class ResidualField:
 
     def _row_noise(self, index: np.ndarray, kernel: LocalKernel) -> np.ndarray:
         """The noise of training rows ``index`` (any shape): their rescaled GP variances
-        (``s noise_var + s_t test_var``) times their :attr:`noise_inflation`."""
-        assert self.test_var is not None and self.noise_inflation is not None  # set by __post_init__
-        return kernel.combine(self.noise_var[index], 0.0, self.test_var[index]) * self.noise_inflation[index]
-
-    def outlier_inflation(self, df: float = OUTLIER_DF) -> np.ndarray:
-        """(n,) factors >= 1 for the training rows' noise: ``max(1, (df + z^2) / (df + 1))``,
-        z a row's residual minus its leave-one-out kriged value (from its m nearest other rows,
-        under the current kernel and noise), over the sd of that difference. (df + 1) / (df + z^2)
-        is the expected precision weight of a Student-t row with ``df`` degrees of freedom; rows
-        within one sd keep their Gaussian noise."""
-        n = len(self.residual)
-        k = min(self.neighbours + 1, n)
-        if k < 2:
-            return np.ones(n)
-        z = np.empty(n)
-        for start in range(0, n, _CHUNK):
-            rows = np.arange(start, min(start + _CHUNK, n))
-            distance, index = self._nearest(self.xy_m[rows], self.years[rows], k)
-            own = index == rows[:, None]
-            dropped = np.where(own.any(1), own.argmax(1), k - 1)  # the row itself (or the farthest)
-            keep = np.arange(k)[None, :] != dropped[:, None]
-            geometry = self._geometry_of(distance[keep].reshape(-1, k - 1), index[keep].reshape(-1, k - 1),
-                                         self.years[rows])
-            mean, var, _ = self._solve(geometry, self.kernel)
-            z[rows] = (self.residual[rows] - mean) / np.sqrt(var + self._row_noise(rows, self.kernel))
-        return np.maximum(1.0, (df + z**2) / (df + 1.0))
+        ``s noise_var + s_t test_var``."""
+        assert self.test_var is not None  # set by __post_init__
+        return kernel.combine(self.noise_var[index], 0.0, self.test_var[index])
 
     def _solve(
         self, geometry: tuple[np.ndarray, ...], kernel: LocalKernel
@@ -419,9 +371,8 @@ class ResidualField:
         """Choose the kernel by the validation NLL of ``mu_GP + kriged residual`` under
         ``N(., s var_GP + s_t test_var + conditional var)``, plus, with ``val_areas``, the NLL of
         those areas' mean residuals under their joint variance (as
-        :meth:`area_condition` gives it); weight the training rows' noise
-        (:meth:`outlier_inflation`) and choose it again from there; then the forecast variance
-        rate (:meth:`_pseudo_forecast_rate`) on all validation rows of the last training quarter.
+        :meth:`area_condition` gives it); then the forecast variance rate
+        (:meth:`_pseudo_forecast_rate`) on all validation rows of the last training quarter.
 
         Tiles alone cannot tell how much of the local variance neighbouring tiles share: with
         the 3 km coordinate jitter, the tile NLL chose a local part twice as large and twice as
@@ -462,12 +413,10 @@ class ResidualField:
             return tiles if area_nll is None else tiles + area_nll(kernel)
 
         bounds = [(np.log(low), np.log(high)) for low, high in _BOUNDS]
-        start = LocalKernel().to_vector()
-        for weighted in (False, True):  # Gaussian rows, then the outliers' noise inflated
-            if weighted:
-                field.noise_inflation = field.outlier_inflation()
-            start = minimize(criterion, start, method="L-BFGS-B", bounds=bounds, options={"maxiter": FIT_ITERATIONS}).x
-            field.kernel = LocalKernel.from_vector(start)
+        best = minimize(
+            criterion, LocalKernel().to_vector(), method="L-BFGS-B", bounds=bounds, options={"maxiter": FIT_ITERATIONS}
+        )
+        field.kernel = LocalKernel.from_vector(best.x)
         field.horizon_rate = field._pseudo_forecast_rate(
             np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64),
             np.asarray(val_residual, np.float64), np.asarray(val_var, np.float64), val_test_var,
@@ -537,11 +486,10 @@ class ResidualField:
         if len(times) < 2 or last_rows.sum() < MIN_FORECAST_ROWS:
             return 0.0
         earlier = self.years < times[-1] - 1e-6
-        assert self.test_var is not None and self.noise_inflation is not None  # set by __post_init__
+        assert self.test_var is not None  # set by __post_init__
         past = ResidualField(self.kernel, self.projection, self.xy_m[earlier], self.years[earlier],
                              self.residual[earlier], self.noise_var[earlier], self.neighbours,
-                             test_var=self.test_var[earlier], metres_per_year=self.metres_per_year,
-                             noise_inflation=self.noise_inflation[earlier])
+                             test_var=self.test_var[earlier], metres_per_year=self.metres_per_year)
         kriged, conditional = past.condition(lonlat[last_rows], years[last_rows])
         error = residual[last_rows] - kriged
         total = self.kernel.combine(gp_var[last_rows], conditional, test_var[last_rows])
@@ -562,7 +510,7 @@ class ResidualField:
             "metres_per_year": self.metres_per_year,
             **{
                 name: torch.tensor(np.array(getattr(self, name)))
-                for name in ("xy_m", "years", "residual", "noise_var", "test_var", "noise_inflation")
+                for name in ("xy_m", "years", "residual", "noise_var", "test_var")
             },
         }
 
@@ -572,7 +520,6 @@ class ResidualField:
             payload[name].cpu().numpy() for name in ("xy_m", "years", "residual", "noise_var")
         )
         test_var = payload["test_var"].cpu().numpy() if "test_var" in payload else None
-        inflation = payload["noise_inflation"].cpu().numpy() if "noise_inflation" in payload else None
         # a field saved before the test-count scale: its noise_var is the whole measurement variance
         kernel = {"test_noise_scale": payload["kernel"]["variance_scale"], **payload["kernel"]}
         return cls(
@@ -583,5 +530,4 @@ class ResidualField:
             neighbours=int(payload["neighbours"]),
             horizon_rate=float(payload.get("horizon_rate", 0.0)),
             metres_per_year=float(payload.get("metres_per_year", 0.0)),  # older fields chose by distance
-            noise_inflation=inflation,
         )
