@@ -22,7 +22,7 @@ from scipy.special import betaln, erf, gammaln, stdtr
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.objectives import gaussian_nll as elementwise_gaussian_nll
-from geodbk.prediction import Prediction, quantile95, t_scale_per_sd
+from geodbk.prediction import Prediction, t_scale_per_sd
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
 GROUPS = ("overall", "urban", "rural")
@@ -90,9 +90,9 @@ def crps(y: np.ndarray, prediction: Prediction) -> float:
 
 
 def coverage95(y: np.ndarray, prediction: Prediction) -> float:
-    """Share of y inside the central 95% interval, mean +/- quantile95(df) sd (0..1)."""
+    """Share of y inside the central 95% interval, [prediction.lower, prediction.upper] (0..1)."""
     y = _check(y, prediction)
-    return float(np.mean(np.abs(y - prediction.mean) <= quantile95(prediction.df) * prediction.sd))
+    return float(np.mean((y >= prediction.lower) & (y <= prediction.upper)))
 
 
 def pi_width(prediction: Prediction) -> float:
