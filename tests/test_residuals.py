@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.fit.residuals import NEIGHBOUR_METRES_PER_YEAR, LocalKernel, ResidualField, tile_centres
+from geodbk.fit.residuals import NEIGHBOUR_METRES_PER_YEAR, LocalKernel, ResidualField
 from geodbk.fit.validation_areas import AreaGroups, square_areas
-from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres
+from geodbk.fit.volatility import LocalVolatility
+from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres, tile_centres
 
 SAN_JUAN = (-66.06, 18.45)
 KERNEL = LocalKernel(
@@ -176,6 +177,7 @@ def test_far_from_training_rows_gives_no_correction_and_prior_variance(small):
 def test_payload_round_trip_through_torch_save(small, tmp_path):
     keys, years, residual, noise_var, q_keys, q_years = small
     field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    field.volatility = LocalVolatility.from_rows(field.projection, field.xy_m, np.linspace(0.1, 4.0, len(keys)), 1.0)
     torch.save(field.to_payload(), tmp_path / "field.pt")
     back = ResidualField.from_payload(torch.load(tmp_path / "field.pt", weights_only=True))
     assert back.kernel == field.kernel and back.neighbours == 8
@@ -185,6 +187,26 @@ def test_payload_round_trip_through_torch_save(small, tmp_path):
     when = rng.uniform(2021.0, 2024.5, 50)
     for ours, theirs in zip(field.condition(query, when), back.condition(query, when)):
         np.testing.assert_array_equal(theirs, ours)
+    np.testing.assert_array_equal(back.variance_factor(query, when), field.variance_factor(query, when))
+    assert np.ptp(field.variance_factor(query, when)) > 0.1  # the factor is not all ones
+
+
+def test_leave_one_out_is_conditioning_on_the_other_rows(small):
+    """Each training row's leave-one-out error and variance are those of a field without that
+    row, queried at the row's tile and time, plus the row's own rescaled noise."""
+    keys, years, residual, noise_var, *_ = small
+    field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8)
+    error, var = field.leave_one_out()
+    lonlat = quadkey_centres(keys)
+    for i in (0, 5, 13, 29):
+        others = np.arange(len(keys)) != i
+        without = make_field(KERNEL, keys[others], years[others], residual[others], noise_var[others], neighbours=8)
+        without.projection = field.projection
+        without.xy_m = field.xy_m[others]
+        without.__post_init__()
+        kriged, conditional = without.condition(lonlat[i:i + 1], years[i:i + 1])
+        assert error[i] == pytest.approx(residual[i] - kriged[0], abs=1e-12)
+        assert var[i] == pytest.approx(conditional[0] + KERNEL.variance_scale * noise_var[i], rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- fit on synthetic data
@@ -384,10 +406,11 @@ def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
     got = pr_model.predict(lonlat, years, tests=tests)
     gp = pr_model.regressor.predict(pr_model.inputs.features(lonlat, years), tests=tests)
     shift, var = field.condition(lonlat, years)
+    factor = field.variance_factor(lonlat, years)  # inside the fitted period: the local volatility alone
     np.testing.assert_allclose(got.mean, gp.mean + shift, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(got.sd, np.sqrt(s * gp.sd**2 + var), rtol=1e-12)
+    np.testing.assert_allclose(got.sd, np.sqrt(factor * (s * gp.sd**2 + var)), rtol=1e-12)
     test_noise = gp.measurement_sd**2 - gp.sd**2
-    combined = s * gp.sd**2 + s_t * test_noise + var  # its noise part then scaled as chosen on the val rows
+    combined = factor * (s * gp.sd**2 + s_t * test_noise + var)  # its noise part then scaled as chosen on the val rows
     scaled = got.sd**2 + pr_model.tails.noise_scale**2 * (combined - got.sd**2)
     np.testing.assert_allclose(got.measurement_sd, np.sqrt(scaled), rtol=1e-12)
     # the correction is real: on training rows (first in `rows`) the shift follows the residual
@@ -710,5 +733,34 @@ def test_a_field_saved_before_the_test_noise_scale_loads_as_it_was(small):
 def test_a_field_saved_before_space_time_neighbours_chooses_them_by_distance(small):
     keys, years, residual, noise_var, *_ = small
     old = make_field(KERNEL, keys, years, residual, noise_var, neighbours=8).to_payload()
-    del old["metres_per_year"]
-    assert ResidualField.from_payload(old).metres_per_year == 0.0
+    del old["metres_per_year"], old["volatility"]
+    back = ResidualField.from_payload(old)
+    assert back.metres_per_year == 0.0
+    assert back.volatility is None  # fields saved before the local volatility keep V = 1
+    np.testing.assert_array_equal(back.variance_factor(quadkey_centres(keys), years), np.ones(len(keys)))
+
+
+def test_the_variance_factor_scales_the_covariance_of_every_product(pr_model, monkeypatch):
+    """With a factor F_i per point, Cov'(i, j) = sqrt(F_i F_j) Cov(i, j): a point's variance, the
+    variance of a two-point area's mean and of a change all follow it, and no mean moves."""
+    field = pr_model.residuals
+    lonlat = np.array([[-66.06, 18.45], [-66.055, 18.452], [-66.5, 18.2], [-66.49, 18.21]])
+    groups = np.array([0, 0, 1, 1])
+    monkeypatch.setattr(type(field), "variance_factor", lambda self, ll, yy: np.ones(len(ll)))
+    plain_areas, plain_cells = pr_model.predict_areas(lonlat, groups, time="2023Q4", return_cells=True)
+    plain_change = pr_model.predict_change(lonlat, "2023Q3", "2023Q4")
+    factor = np.array([0.5, 2.0, 1.5, 0.8])
+    monkeypatch.setattr(type(field), "variance_factor", lambda self, ll, yy: factor[: len(ll)].copy())
+    areas, cells = pr_model.predict_areas(lonlat, groups, time="2023Q4", return_cells=True)
+    change = pr_model.predict_change(lonlat, "2023Q3", "2023Q4")
+    np.testing.assert_allclose(cells.sd**2, factor * plain_cells.sd**2, rtol=1e-9)
+    np.testing.assert_allclose(cells.mean, plain_cells.mean, rtol=0, atol=0)
+    np.testing.assert_allclose(areas.mean, plain_areas.mean, rtol=0, atol=0)
+    v = plain_cells.sd**2
+    for g, (i, j) in enumerate(((0, 1), (2, 3))):
+        covariance = 2.0 * plain_areas.sd[g] ** 2 - 0.5 * (v[i] + v[j])  # from Var((f_i + f_j) / 2)
+        expected = 0.25 * (factor[i] * v[i] + factor[j] * v[j] + 2.0 * np.sqrt(factor[i] * factor[j]) * covariance)
+        assert areas.sd[g] ** 2 == pytest.approx(expected, rel=1e-5)  # the GP part is float32
+    np.testing.assert_allclose(change.sd**2, factor * plain_change.sd**2, rtol=1e-9)
+    np.testing.assert_allclose(change.mean, plain_change.mean, rtol=0, atol=0)
+    np.testing.assert_allclose(change.sd_from**2, factor * plain_change.sd_from**2, rtol=1e-9)

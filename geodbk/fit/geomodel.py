@@ -134,7 +134,8 @@ class GeoModel:
         prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
         if self.residuals is not None:
             years = self._years(time, len(lonlat))
-            prediction = self._with_residuals(prediction, *self.residuals.condition(lonlat, years), years)
+            factor = self.residuals.variance_factor(lonlat, years)
+            prediction = self._with_residuals(prediction, *self.residuals.condition(lonlat, years), factor)
         return prediction if self.tails is None else self.tails.apply(prediction)
 
     def _combine(
@@ -142,18 +143,20 @@ class GeoModel:
         test_noise: np.ndarray | float = 0.0,
     ) -> np.ndarray:
         """The map model's (co)variance, the one rule: F (s var_GP + local var + s_t test noise),
-        F the forecast horizon's factor (:meth:`~geodbk.fit.residuals.ResidualField.horizon_factor`)
-        and s, s_t the residual kernel's scales (the local field's mean shift adds to mu_GP)."""
+        F the variance factor (:meth:`~geodbk.fit.residuals.ResidualField.variance_factor`: the
+        forecast horizon's times the local volatility; a covariance of two points takes the square
+        root of the product of theirs) and s, s_t the residual kernel's scales (the local field's
+        mean shift adds to mu_GP)."""
         assert self.residuals is not None  # only called with a residual field
         return factor * self.residuals.kernel.combine(gp_var, local_var, test_noise)
 
     def _with_residuals(
-        self, prediction: Prediction, shift: np.ndarray, var: np.ndarray, years: np.ndarray
+        self, prediction: Prediction, shift: np.ndarray, var: np.ndarray, factor: np.ndarray
     ) -> Prediction:
         """The GP's prediction plus the local field's kriged residual ``shift`` and its conditional
-        ``var`` at times ``years`` (:meth:`_combine`; a measurement adds the test-count noise)."""
-        assert self.residuals is not None  # only called with a residual field
-        factor, tile_var = self.residuals.horizon_factor(years), prediction.sd**2
+        ``var``, with the points' variance ``factor`` (:meth:`_combine`; a measurement adds the
+        test-count noise)."""
+        tile_var = prediction.sd**2
         measurement_sd = None if prediction.measurement_sd is None else np.sqrt(
             self._combine(tile_var, var, factor, prediction.measurement_sd**2 - tile_var))
         return Prediction(prediction.mean + shift, np.sqrt(self._combine(tile_var, var, factor)), measurement_sd)
@@ -200,7 +203,8 @@ class GeoModel:
             years_to = self._years(time_to, len(lonlat))
             var = self._combine(var, self.residuals.change_variance(lonlat, years_from, years_to))
             nugget_from, nugget_to = self._combine(nugget_from, 0.0), self._combine(nugget_to, 0.0)
-            factor_from, factor_to = self.residuals.horizon_factor(years_from), self.residuals.horizon_factor(years_to)
+            factor_from = self.residuals.variance_factor(lonlat, years_from)
+            factor_to = self.residuals.variance_factor(lonlat, years_to)
         v_from = np.maximum(before.sd**2 / factor_from - nugget_from, 0.0)
         v_to = np.maximum(after.sd**2 / factor_to - nugget_to, 0.0)
         covariance = 0.5 * (v_from + v_to - var)
@@ -247,7 +251,9 @@ class GeoModel:
         The variance is exact for the GP: ``s (||L^T sum_i w_i phi_i||^2 + sigma0^2 sum_i w_i^2)``
         for a basis GP (each cell's tile-quarter noise is independent), with the Nystrom
         residual of inducing-point kinds added pairwise. The local residual field adds
-        :meth:`~geodbk.fit.residuals.ResidualField.area_condition`. A group without points gets NaN.
+        :meth:`~geodbk.fit.residuals.ResidualField.area_condition`. Each point's variance factor
+        F_i (:meth:`~geodbk.fit.residuals.ResidualField.variance_factor`) scales the covariances,
+        so the variance is that of ``sum_i w_i sqrt(F_i) f_i``. A group without points gets NaN.
         """
         self._require_kernel()
         lonlat = _lonlat(lonlat, "lonlat")
@@ -262,14 +268,19 @@ class GeoModel:
         w = w / np.where(totals > 0, totals, 1.0)[groups]
         X = self.features(lonlat, time)
         cells = self.regressor.predict(X)
-        var = self.regressor.weighted_sum_variance(X, w, groups, n_groups)
-        var += np.bincount(groups, weights=w**2 * self.regressor.tile_noise_variance(X), minlength=n_groups)
+        # the variance of sum_i w_i f_i under Cov' = sqrt(F_i F_j) Cov is that of sum_i u_i f_i under
+        # Cov, with u_i = w_i sqrt(F_i)
+        factor = np.ones(len(lonlat))
         if self.residuals is not None:
             years = self._years(time, len(lonlat))
-            shift, cell_var, local = self.residuals.area_condition(lonlat, years, w, groups, n_groups)
-            cells = self._with_residuals(cells, shift, cell_var, years)
-            # one quarter: the forecast factor is the same for every point
-            var = self._combine(var, local, self.residuals.horizon_factor(years[0]) if len(years) else 1.0)
+            factor = self.residuals.variance_factor(lonlat, years)
+        u = w * np.sqrt(factor)
+        var = self.regressor.weighted_sum_variance(X, u, groups, n_groups)
+        var += np.bincount(groups, weights=u**2 * self.regressor.tile_noise_variance(X), minlength=n_groups)
+        if self.residuals is not None:
+            shift, cell_var, local = self.residuals.area_condition(lonlat, years, u, groups, n_groups)
+            cells = self._with_residuals(cells, shift, cell_var, factor)
+            var = self._combine(var, local)
         empty = totals <= 0
         area_mean = np.where(empty, np.nan, np.bincount(groups, weights=w * cells.mean, minlength=n_groups))
         areas = Prediction(area_mean, np.where(empty, np.nan, np.sqrt(var)))

@@ -53,7 +53,8 @@ from scipy.spatial import cKDTree
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.metrics import nll
 from geodbk.fit.validation_areas import AreaGroups
-from geodbk.ingest.quadkey import OOKLA_ZOOM, lonlat_to_tile, tile_bounds
+from geodbk.fit.volatility import LocalVolatility
+from geodbk.ingest.quadkey import tile_centres
 from geodbk.prediction import Prediction
 
 #: Training rows each prediction is conditioned on.
@@ -140,13 +141,6 @@ class LocalKernel:
         return same * (self.tile_var + self.tile_time_var * decay) + local
 
 
-def tile_centres(lonlat: np.ndarray) -> np.ndarray:
-    """(n, 2) centres of the zoom-16 tiles holding ``lonlat`` (n, 2) degrees."""
-    x, y = lonlat_to_tile(lonlat[:, 0], lonlat[:, 1])
-    b = tile_bounds(x, y, OOKLA_ZOOM)
-    return np.column_stack([(b[:, 0] + b[:, 2]) / 2.0, (b[:, 1] + b[:, 3]) / 2.0])
-
-
 @dataclass
 class ResidualField:
     """The training residuals of a GP and the local kernel that spreads them.
@@ -166,6 +160,8 @@ class ResidualField:
             existed, whose ``noise_var`` is the whole measurement variance.
         metres_per_year: how far, in metres, a year between a query and a training row counts
             when the nearest rows are chosen (0: by distance alone, as fields saved before it).
+        volatility: the local variance factor V(x) (:mod:`geodbk.fit.volatility`), or ``None``
+            (V = 1, as fields saved before it).
     """
 
     kernel: LocalKernel
@@ -178,6 +174,7 @@ class ResidualField:
     horizon_rate: float = 0.0
     test_var: np.ndarray | None = None
     metres_per_year: float = NEIGHBOUR_METRES_PER_YEAR
+    volatility: LocalVolatility | None = None
 
     def __post_init__(self) -> None:
         self.neighbours = int(min(self.neighbours, len(self.residual)))
@@ -210,6 +207,39 @@ class ResidualField:
         ``sqrt(F(t) F(t'))`` keeps it a covariance."""
         ahead = np.maximum(np.asarray(years, dtype=np.float64) - float(self.years.max()), 0.0)
         return 1.0 + self.horizon_rate * ahead
+
+    def variance_factor(self, lonlat: np.ndarray, years: np.ndarray | float) -> np.ndarray:
+        """The factor (n,) on the map model's (co)variance at ``lonlat`` (n, 2) degrees and
+        ``years`` (n,) (or one time): the forecast horizon's :meth:`horizon_factor` times the local
+        volatility V(x) (:class:`~geodbk.fit.volatility.LocalVolatility`). The covariance of two
+        points is scaled by the square root of the product of their factors."""
+        n = len(lonlat)
+        factor = np.broadcast_to(self.horizon_factor(years), (n,)).astype(np.float64)
+        return factor if self.volatility is None else factor * self.volatility.factor(lonlat)
+
+    def leave_one_out(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each training row's error against the field conditioned on its m nearest other rows
+        and that error's variance under the map model (``s noise_var + s_t test_var`` plus the
+        conditional variance), (n,) each."""
+        n = len(self.residual)
+        _, found = self._tree.query(np.column_stack([self.xy_m, self.metres_per_year * self.years]),
+                                    k=min(self.neighbours + 1, n))
+        found = found.reshape(n, -1)
+        own = found == np.arange(n)[:, None]
+        keep = np.where(own.any(1)[:, None], ~own, np.arange(found.shape[1])[None, :] < found.shape[1] - 1)
+        index = found[keep].reshape(n, -1)
+        error, var = np.empty(n), np.empty(n)
+        for start in range(0, n, _CHUNK):
+            rows = slice(start, start + _CHUNK)
+            xy, t = self.xy_m[index[rows]], self.years[index[rows]]
+            geometry = (
+                index[rows], np.sqrt(((xy - self.xy_m[rows][:, None, :]) ** 2).sum(-1)), self.years[rows][:, None] - t,
+                np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1)), t[:, :, None] - t[:, None, :],
+            )
+            kriged, conditional, _ = self._solve(geometry, self.kernel)
+            error[rows] = self.residual[rows] - kriged
+            var[rows] = conditional + self._row_noise(np.arange(n)[rows], self.kernel)
+        return error, var
 
     def _geometry(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
         """What conditioning needs besides the kernel: neighbour indices (n, m), query-neighbour
@@ -373,7 +403,10 @@ class ResidualField:
         ``N(., s var_GP + s_t test_var + conditional var)``, plus, with ``val_areas``, the NLL of
         those areas' mean residuals under their joint variance (as
         :meth:`area_condition` gives it); then the forecast variance rate
-        (:meth:`_pseudo_forecast_rate`) on all validation rows of the last training quarter.
+        (:meth:`_pseudo_forecast_rate`) on all validation rows of the last training quarter;
+        then the local volatility (:meth:`LocalVolatility.fit
+        <geodbk.fit.volatility.LocalVolatility.fit>`) from the training rows'
+        :meth:`leave_one_out` errors, on all validation rows.
 
         Tiles alone cannot tell how much of the local variance neighbouring tiles share: with
         the 3 km coordinate jitter, the tile NLL chose a local part twice as large and twice as
@@ -421,6 +454,13 @@ class ResidualField:
         field.horizon_rate = field._pseudo_forecast_rate(
             np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64),
             np.asarray(val_residual, np.float64), np.asarray(val_var, np.float64), val_test_var,
+        )
+        error, error_var = field.leave_one_out()
+        kriged, conditional = field.condition(np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64))
+        field.volatility = LocalVolatility.fit(
+            projection, field.xy_m, error**2 / error_var, np.asarray(val_lonlat, np.float64),
+            np.asarray(val_residual, np.float64) - kriged,
+            field.kernel.combine(np.asarray(val_var, np.float64), conditional, val_test_var),
         )
         return field
 
@@ -509,6 +549,7 @@ class ResidualField:
             "neighbours": self.neighbours,
             "horizon_rate": self.horizon_rate,
             "metres_per_year": self.metres_per_year,
+            "volatility": None if self.volatility is None else self.volatility.to_payload(),
             **{
                 name: torch.tensor(np.array(getattr(self, name)))
                 for name in ("xy_m", "years", "residual", "noise_var", "test_var")
@@ -521,6 +562,7 @@ class ResidualField:
             payload[name].cpu().numpy() for name in ("xy_m", "years", "residual", "noise_var")
         )
         test_var = payload["test_var"].cpu().numpy() if "test_var" in payload else None
+        volatility = payload.get("volatility")  # None for fields saved before it
         # a field saved before the test-count scale: its noise_var is the whole measurement variance
         kernel = {"test_noise_scale": payload["kernel"]["variance_scale"], **payload["kernel"]}
         return cls(
@@ -531,4 +573,5 @@ class ResidualField:
             neighbours=int(payload["neighbours"]),
             horizon_rate=float(payload.get("horizon_rate", 0.0)),
             metres_per_year=float(payload.get("metres_per_year", 0.0)),  # older fields chose by distance
+            volatility=None if volatility is None else LocalVolatility.from_payload(volatility),
         )

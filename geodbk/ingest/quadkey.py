@@ -169,3 +169,9 @@ def lonlat_to_quadkey(
 ) -> np.ndarray:
     """Quadkey (object array of ``n`` strings) of the zoom-``zoom`` tile holding each point."""
     return tile_to_quadkey(*lonlat_to_tile(lon, lat, zoom), zoom)
+
+
+def tile_centres(lonlat: np.ndarray, zoom: int = OOKLA_ZOOM) -> np.ndarray:
+    """``(n, 2)`` centres ``(lon, lat)`` of the zoom-``zoom`` tiles holding ``lonlat`` (n, 2) degrees."""
+    x, y = lonlat_to_tile(lonlat[:, 0], lonlat[:, 1], zoom)
+    return bounds_centres(tile_bounds(x, y, zoom))
