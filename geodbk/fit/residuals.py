@@ -53,6 +53,7 @@ from scipy.spatial import cKDTree
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.metrics import nll
 from geodbk.fit.validation_areas import AreaGroups
+from geodbk.fit.volatility import FIT_ROWS as VOLATILITY_FIT_ROWS
 from geodbk.fit.volatility import LocalVolatility
 from geodbk.ingest.quadkey import tile_centres
 from geodbk.prediction import Prediction
@@ -220,25 +221,26 @@ class ResidualField:
     def leave_one_out(self) -> tuple[np.ndarray, np.ndarray]:
         """Each training row's error against the field conditioned on its m nearest other rows
         and that error's variance under the map model (``s noise_var + s_t test_var`` plus the
-        conditional variance), (n,) each."""
+        conditional variance), (n,) each. In blocks of rows, so memory stays bounded."""
         n = len(self.residual)
-        _, found = self._tree.query(np.column_stack([self.xy_m, self.metres_per_year * self.years]),
-                                    k=min(self.neighbours + 1, n))
-        found = found.reshape(n, -1)
-        own = found == np.arange(n)[:, None]
-        keep = np.where(own.any(1)[:, None], ~own, np.arange(found.shape[1])[None, :] < found.shape[1] - 1)
-        index = found[keep].reshape(n, -1)
+        k = min(self.neighbours + 1, n)
         error, var = np.empty(n), np.empty(n)
         for start in range(0, n, _CHUNK):
-            rows = slice(start, start + _CHUNK)
-            xy, t = self.xy_m[index[rows]], self.years[index[rows]]
+            rows = np.arange(start, min(start + _CHUNK, n))
+            _, found = self._tree.query(
+                np.column_stack([self.xy_m[rows], self.metres_per_year * self.years[rows]]), k=k)
+            found = found.reshape(len(rows), k)
+            own = found == rows[:, None]  # the row itself, unless a tie pushed it out: then drop the last
+            keep = np.where(own.any(1)[:, None], ~own, np.arange(k)[None, :] < k - 1)
+            index = found[keep].reshape(len(rows), k - 1)
+            xy, t = self.xy_m[index], self.years[index]
             geometry = (
-                index[rows], np.sqrt(((xy - self.xy_m[rows][:, None, :]) ** 2).sum(-1)), self.years[rows][:, None] - t,
+                index, np.sqrt(((xy - self.xy_m[rows][:, None, :]) ** 2).sum(-1)), self.years[rows][:, None] - t,
                 np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1)), t[:, :, None] - t[:, None, :],
             )
             kriged, conditional, _ = self._solve(geometry, self.kernel)
             error[rows] = self.residual[rows] - kriged
-            var[rows] = conditional + self._row_noise(np.arange(n)[rows], self.kernel)
+            var[rows] = conditional + self._row_noise(rows, self.kernel)
         return error, var
 
     def _geometry(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -406,7 +408,7 @@ class ResidualField:
         (:meth:`_pseudo_forecast_rate`) on all validation rows of the last training quarter;
         then the local volatility (:meth:`LocalVolatility.fit
         <geodbk.fit.volatility.LocalVolatility.fit>`) from the training rows'
-        :meth:`leave_one_out` errors, on all validation rows.
+        :meth:`leave_one_out` errors, on up to :data:`~geodbk.fit.volatility.FIT_ROWS` validation rows.
 
         Tiles alone cannot tell how much of the local variance neighbouring tiles share: with
         the 3 km coordinate jitter, the tile NLL chose a local part twice as large and twice as
@@ -456,11 +458,12 @@ class ResidualField:
             np.asarray(val_residual, np.float64), np.asarray(val_var, np.float64), val_test_var,
         )
         error, error_var = field.leave_one_out()
-        kriged, conditional = field.condition(np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64))
+        pick = np.random.default_rng(seed).permutation(len(val_residual))[:VOLATILITY_FIT_ROWS]
+        lonlat, years = np.asarray(val_lonlat, np.float64)[pick], np.asarray(val_years, np.float64)[pick]
+        kriged, conditional = field.condition(lonlat, years)
         field.volatility = LocalVolatility.fit(
-            projection, field.xy_m, error**2 / error_var, np.asarray(val_lonlat, np.float64),
-            np.asarray(val_residual, np.float64) - kriged,
-            field.kernel.combine(np.asarray(val_var, np.float64), conditional, val_test_var),
+            projection, field.xy_m, error**2 / error_var, lonlat, np.asarray(val_residual, np.float64)[pick] - kriged,
+            field.kernel.combine(np.asarray(val_var, np.float64)[pick], conditional, val_test_var[pick]),
         )
         return field
 

@@ -52,6 +52,10 @@ Z2_CAP = 50.0
 PRIOR_ROWS = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 NEIGHBOUR_WEIGHTS = (0.0, 0.03, 0.1, 0.3, 1.0)
 RANGES_M = (500.0, 1000.0, 2000.0, 4000.0)
+#: Validation rows the parameters are chosen on (callers pass a random subset of more), and
+#: points per block of :meth:`LocalVolatility.factor` (bounds its (rows, K) temporaries to about 40 MB).
+FIT_ROWS = 50_000
+_BLOCK = 65_536
 #: Distance below which two tile centres are the same tile, metres.
 _SAME_TILE_M = 1.0
 
@@ -109,8 +113,13 @@ class LocalVolatility:
 
     def factor(self, lonlat: np.ndarray) -> np.ndarray:
         """V at the tiles of ``lonlat`` (n, 2) degrees, (n,)."""
-        xy = self.projection.to_metres(tile_centres(np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)))
-        return self._factor(*self._pool(xy), self.prior_rows, self.neighbour_weight, self.range_m)
+        lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
+        out = np.empty(len(lonlat))
+        for start in range(0, len(lonlat), _BLOCK):
+            xy = self.projection.to_metres(tile_centres(lonlat[start:start + _BLOCK]))
+            out[start:start + _BLOCK] = self._factor(*self._pool(xy), self.prior_rows, self.neighbour_weight,
+                                                     self.range_m)
+        return out
 
     @classmethod
     def fit(
