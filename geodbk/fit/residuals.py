@@ -55,7 +55,7 @@ from geodbk.fit.metrics import nll
 from geodbk.fit.validation_areas import AreaGroups
 from geodbk.fit.volatility import FIT_ROWS as VOLATILITY_FIT_ROWS
 from geodbk.fit.volatility import LocalVolatility
-from geodbk.ingest.quadkey import tile_centres
+from geodbk.ingest.quadkey import SAME_TILE_M, tile_centres
 from geodbk.prediction import Prediction
 
 #: Training rows each prediction is conditioned on.
@@ -82,8 +82,6 @@ _QUERY_BLOCK = 2048
 #: On the random splits' validation rows, 500 m was 0.002 better on PR and 0.001 worse on HI;
 #: 100 and 1,000 m were worse on both, 2,000 m on HI.
 NEIGHBOUR_METRES_PER_YEAR = 250.0
-#: Distance below which two tile centres are the same tile, metres.
-_SAME_TILE_M = 1.0
 #: Bounds of the hyperparameters in :meth:`ResidualField.fit` (LocalKernel field order): no
 #: variance above 1 (a factor of 10 in speed at one sd), time scales between a quarter and 20
 #: years. Without them a validation set whose tiles all have training rows leaves an unseen
@@ -137,7 +135,7 @@ class LocalKernel:
     def __call__(self, distance_m: np.ndarray, dt_years: np.ndarray) -> np.ndarray:
         """k_local for arrays of distances (metres) and time lags (years) of the same shape."""
         decay = np.exp(-np.abs(dt_years) / self.time_scale)
-        same = distance_m < _SAME_TILE_M
+        same = distance_m < SAME_TILE_M
         local = self.local_var * np.exp(-distance_m / self.range_m) * decay
         return same * (self.tile_var + self.tile_time_var * decay) + local
 

@@ -32,7 +32,7 @@ the Gaussian NLL of the validation rows, on a grid (:data:`PRIOR_ROWS`,
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,14 +41,15 @@ from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.metrics import nll
-from geodbk.ingest.quadkey import tile_centres
+from geodbk.ingest.quadkey import SAME_TILE_M, tile_centres
 from geodbk.prediction import Prediction
 
 #: Training tiles each place pools (nearest first).
 NEIGHBOUR_TILES = 64
 #: Cap on one row's squared standardised error: one wild measurement should not set a tile's scale.
 Z2_CAP = 50.0
-#: The grids the three parameters are chosen on.
+#: The grids the three parameters are chosen on; c at most 1, so that a neighbour's row never
+#: counts for more than one of the place's own tile.
 PRIOR_ROWS = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 NEIGHBOUR_WEIGHTS = (0.0, 0.03, 0.1, 0.3, 1.0)
 RANGES_M = (500.0, 1000.0, 2000.0, 4000.0)
@@ -56,8 +57,6 @@ RANGES_M = (500.0, 1000.0, 2000.0, 4000.0)
 #: points per block of :meth:`LocalVolatility.factor` (bounds its (rows, K) temporaries to about 40 MB).
 FIT_ROWS = 50_000
 _BLOCK = 65_536
-#: Distance below which two tile centres are the same tile, metres.
-_SAME_TILE_M = 1.0
 
 
 @dataclass
@@ -108,7 +107,7 @@ class LocalVolatility:
     def _factor(
         self, distance: np.ndarray, index: np.ndarray, prior_rows: float, neighbour_weight: float, range_m: float
     ) -> np.ndarray:
-        weight = np.where(distance < _SAME_TILE_M, 1.0, neighbour_weight * np.exp(-distance / range_m))
+        weight = np.where(distance < SAME_TILE_M, 1.0, neighbour_weight * np.exp(-distance / range_m))
         return (prior_rows + (weight * self.sum_z2[index]).sum(-1)) / (prior_rows + (weight * self.rows[index]).sum(-1))
 
     def factor(self, lonlat: np.ndarray) -> np.ndarray:
@@ -141,8 +140,8 @@ class LocalVolatility:
                 best, best_nll = (a, c, rho), score
         if best is None:
             return None
-        volatility.prior_rows, volatility.neighbour_weight, volatility.range_m = best
-        return volatility
+        prior_rows, neighbour_weight, range_m = best
+        return replace(volatility, prior_rows=prior_rows, neighbour_weight=neighbour_weight, range_m=range_m)
 
     def to_payload(self) -> dict[str, Any]:
         """Torch-saveable dict."""

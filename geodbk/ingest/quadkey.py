@@ -171,6 +171,11 @@ def lonlat_to_quadkey(
     return tile_to_quadkey(*lonlat_to_tile(lon, lat, zoom), zoom)
 
 
+#: Distance below which two projected tile centres are the same tile, metres (a zoom-16 tile
+#: is 300-600 m wide, so this only absorbs rounding).
+SAME_TILE_M = 1.0
+
+
 def tile_centres(lonlat: np.ndarray, zoom: int = OOKLA_ZOOM) -> np.ndarray:
     """``(n, 2)`` centres ``(lon, lat)`` of the zoom-``zoom`` tiles holding ``lonlat`` (n, 2) degrees."""
     x, y = lonlat_to_tile(lonlat[:, 0], lonlat[:, 1], zoom)
