@@ -75,6 +75,14 @@ def test_one_far_from_training_tiles_and_a_mean_of_one_over_them(noisier_east, t
     # z^2 is divided by its mean, so the rows' tiles average about 1
     assert volatility.sum_z2.sum() / volatility.rows.sum() == pytest.approx(1.0, rel=1e-12)
     assert len(volatility.xy_m) == len(np.unique(train, axis=0)) and volatility.rows.sum() == len(train)
+    # asked again for the same places, or for others in between, it gives the same answers
+    near = train[:50]
+    first = volatility.factor(near)
+    first[:] = -1.0  # the caller's copy: changing it must not change the next answer
+    second = volatility.factor(near)
+    assert (second > 0).all() and np.ptp(second) > 0
+    np.testing.assert_array_equal(volatility.factor(far), np.ones(2))
+    np.testing.assert_array_equal(volatility.factor(near.copy()), second)
     torch.save(volatility.to_payload(), tmp_path / "volatility.pt")
     back = LocalVolatility.from_payload(torch.load(tmp_path / "volatility.pt", weights_only=True))
     np.testing.assert_array_equal(back.factor(train[:50]), volatility.factor(train[:50]))
