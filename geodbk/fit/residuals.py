@@ -185,7 +185,12 @@ class ResidualField:
         """Distances in metres and indices, (n, m), of the m training rows nearest in space and
         time (:attr:`metres_per_year`) to the tiles of ``lonlat`` (n, 2) degrees at ``years`` (n,)."""
         xy = self.projection.to_metres(tile_centres(np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)))
-        _, index = self._tree.query(np.column_stack([xy, self.metres_per_year * years]), k=self.neighbours)
+        return self._nearest(xy, years, self.neighbours)
+
+    def _nearest(self, xy: np.ndarray, years: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Distances in metres and indices, (n, k), of the k training rows nearest in space and
+        time to points ``xy`` (n, 2) metres at ``years`` (n,)."""
+        _, index = self._tree.query(np.column_stack([xy, self.metres_per_year * years]), k=k)
         index = index.reshape(len(xy), -1)
         return np.sqrt(((self.xy_m[index] - xy[:, None, :]) ** 2).sum(-1)), index
 
@@ -225,17 +230,11 @@ class ResidualField:
         error, var = np.empty(n), np.empty(n)
         for start in range(0, n, _CHUNK):
             rows = np.arange(start, min(start + _CHUNK, n))
-            _, found = self._tree.query(
-                np.column_stack([self.xy_m[rows], self.metres_per_year * self.years[rows]]), k=k)
-            found = found.reshape(len(rows), k)
+            distance, found = self._nearest(self.xy_m[rows], self.years[rows], k)
             own = found == rows[:, None]  # the row itself, unless a tie pushed it out: then drop the last
             keep = np.where(own.any(1)[:, None], ~own, np.arange(k)[None, :] < k - 1)
-            index = found[keep].reshape(len(rows), k - 1)
-            xy, t = self.xy_m[index], self.years[index]
-            geometry = (
-                index, np.sqrt(((xy - self.xy_m[rows][:, None, :]) ** 2).sum(-1)), self.years[rows][:, None] - t,
-                np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1)), t[:, :, None] - t[:, None, :],
-            )
+            geometry = self._around(
+                distance[keep].reshape(len(rows), k - 1), found[keep].reshape(len(rows), k - 1), self.years[rows])
             kriged, conditional, _ = self._solve(geometry, self.kernel)
             error[rows] = self.residual[rows] - kriged
             var[rows] = conditional + self._row_noise(rows, self.kernel)
@@ -244,7 +243,11 @@ class ResidualField:
     def _geometry(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
         """What conditioning needs besides the kernel: neighbour indices (n, m), query-neighbour
         distances and lags (n, m), and neighbour-neighbour distances and lags (n, m, m)."""
-        distance, index = self._neighbourhoods(lonlat, years)
+        return self._around(*self._neighbourhoods(lonlat, years), years)
+
+    def _around(self, distance: np.ndarray, index: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`_geometry` of queries at ``years`` (n,) from their neighbours' distances in
+        metres and indices, (n, m), as :meth:`_nearest` gives them."""
         xy, t = self.xy_m[index], self.years[index]  # (n, m, 2), (n, m)
         pairwise = np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1))
         return index, distance, years[:, None] - t, pairwise, t[:, :, None] - t[:, None, :]
