@@ -35,7 +35,8 @@ import pandas as pd
 import shapely
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
+from geodbk.dataset.density import read_density_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset, sample_tiles_path
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
@@ -159,9 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", help="score the models of this run folder (its dataset and split) instead of fitting")
     parser.add_argument("--min-tiles", type=int, default=MIN_TILES)
     parser.add_argument("--epochs", type=int)
+    parser.add_argument("--no-density", action="store_true", help="no fixed-broadband density layer (as the demo's)")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", ExtrapolationWarning)
-    demo = DemoConfig(progress=False, epochs=args.epochs)  # its settings over the protocol's, as the demo
+    # its settings over the protocol's, as the demo, density layer included
+    demo = DemoConfig(progress=False, epochs=args.epochs, density=not args.no_density)
 
     if args.run:
         run = Path(args.run)
@@ -173,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for dataset, models in jobs:
         sets = list(area_sets(dataset, args.eval, args.min_tiles))
+        density = None
+        if demo.density and not args.run:
+            density = read_density_tiles(sample_tiles_path(dataset.region, "fixed"), dataset.region,
+                                         buffer_deg=dataset.buffer_deg)
         print(f"\n## {dataset.region.name}, fitted on the {dataset.split_protocol} split, areas of {args.eval} tiles "
               f"(z sd 1 = calibrated; coverage in %)\n", flush=True)
         for model_name in models:
@@ -188,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                 except ImportError as err:
                     print(f"  {model_name}: skipped ({err})")
                     continue
-                peer = peers.fit_peer(dataset, *model_name.split(":"))
+                peer = peers.fit_peer(dataset, *model_name.split(":"), density_tiles=density)
                 name, score = model_name, independent_areas(peer.predict_tiles)
             else:
-                model = fit_dataset(dataset, model_name, **demo.overrides())
+                model = fit_dataset(dataset, model_name, density_tiles=density, **demo.overrides())
                 name, score = model_name, joint_areas(model)
             table = calibration(score, sets)
             table["coverage95"] *= 100

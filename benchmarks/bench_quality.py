@@ -43,7 +43,8 @@ import pandas as pd
 from peers import PEERS, VARIANTS, fit_peer, missing_peers  # benchmarks/peers.py, beside this script
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
+from geodbk.dataset.density import read_density_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset, sample_tiles_path
 from geodbk.dataset.splits import block_ids
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
@@ -75,14 +76,16 @@ def expand_models(models: list[str]) -> list[str]:
 
 def fit_and_score(
     dataset: SpatialDataset, kind: str, protocol: str, demo: DemoConfig, on: str, measurement_tails: bool = True,
-    **fit_kw,
+    density_tiles: pd.DataFrame | None = None, **fit_kw,
 ) -> tuple[pd.DataFrame, float, np.ndarray]:
     """Metrics (overall, urban, rural) of one fit on split ``on``, the fit's seconds and the
     per-row NLL (n,) of the split's rows in frame order.
 
     ``kind`` is a model kind of the zoo or a peer row ``"<peer>:<variant>"`` (space-time
     protocol only). ``measurement_tails=False`` keeps every row's new-measurement distribution
-    Gaussian (:mod:`geodbk.fit.tails`; the paper protocol is Gaussian anyway). Forecast's test
+    Gaussian (:mod:`geodbk.fit.tails`; the paper protocol is Gaussian anyway). ``density_tiles``
+    (another layer's tiles, :func:`density_tiles`) go to every space-time fit, peers included.
+    Forecast's test
     quarter is one quarter ahead of training by design, so its extrapolation warning is
     silenced here.
     """
@@ -91,9 +94,11 @@ def fit_and_score(
         peer, variant = kind.split(":", 1)
         if protocol != "space-time":
             raise ValueError(f"the peer {kind} has no {protocol!r} protocol")
-        model = fit_peer(dataset, peer, variant, seed=demo.seed, measurement_tails=measurement_tails)
+        model = fit_peer(dataset, peer, variant, seed=demo.seed, measurement_tails=measurement_tails,
+                         density_tiles=density_tiles)
     else:  # the demo's settings over the protocol's, as geodbk fit and the demo fit
         model = fit_dataset(dataset, kind, protocol=protocol, measurement_tails=measurement_tails,
+                            density_tiles=density_tiles if protocol == "space-time" else None,
                             **demo.overrides(), **fit_kw)
     seconds = time.perf_counter() - start
     with warnings.catch_warnings():
@@ -103,6 +108,14 @@ def fit_and_score(
         scored = model.predict_tiles(rows).measurement()
         per_row = nll_per_row(rows["y"].to_numpy(np.float64), scored)
         return evaluate_on_test(model, dataset, on), seconds, per_row
+
+
+def density_tiles(dataset: SpatialDataset, demo: DemoConfig) -> pd.DataFrame | None:
+    """The region's shipped fixed-broadband tiles when the demo uses a density layer (as the
+    demo does by default), else ``None``."""
+    if not demo.density:
+        return None
+    return read_density_tiles(sample_tiles_path(dataset.region, "fixed"), dataset.region, buffer_deg=dataset.buffer_deg)
 
 
 def resampling_units(dataset: SpatialDataset, on: str) -> np.ndarray:
@@ -141,6 +154,7 @@ def quality_table(
     forecast's test quarter stays the last; only its validation rows change)."""
     rows, nll = [], {}
     base = load_sample_dataset(region, "download")
+    density = density_tiles(base, demo)
     space_time = expand_models(models) if "space-time" in protocols else []
     runs = [("space-time", split, kind) for split in splits for kind in space_time]
     runs += [("paper", "random", kind) for kind in PAPER_MODELS if "random" in splits and "paper" in protocols]
@@ -148,7 +162,7 @@ def quality_table(
         dataset = base.with_split(split, seed=split_seed)
         trained = ":" not in kind and kind != "knn"
         fits = [fit_and_score(dataset, kind, protocol, dataclasses.replace(demo, seed=demo.seed + k), on,
-                              measurement_tails)
+                              measurement_tails, density)
                 for k in range(seeds if trained else 1)]
         metrics = sum(f[0][COLUMNS + ["n"]] for f in fits) / len(fits)
         seconds = float(np.mean([f[1] for f in fits]))
@@ -240,15 +254,16 @@ def tune(regions: list[str], demo: DemoConfig) -> None:
           "coordinate jitter (m):")
     for region in regions:
         base = load_sample_dataset(region, "download")
+        density = density_tiles(base, demo)
         for split in ("random", "spatial-block"):
             dataset = base.with_split(split)
             for scales, metres in grid:
-                metrics, _, _ = fit_and_score(dataset, "dbk-rbf", "space-time", demo, "val",
+                metrics, _, _ = fit_and_score(dataset, "dbk-rbf", "space-time", demo, "val", density_tiles=density,
                                               encoding_scales=scales, min_wavelength_m=metres)
                 nll = metrics.loc["overall", "NLL"]
                 print(f"  {region} {split:13s} scales {scales:2d}  {metres:6.0f} m  val NLL {nll:.4f}", flush=True)
             for jitter in JITTER_GRID_M:
-                metrics, _, _ = fit_and_score(dataset, "dbk-rbf", "space-time", demo, "val",
+                metrics, _, _ = fit_and_score(dataset, "dbk-rbf", "space-time", demo, "val", density_tiles=density,
                                               coordinate_jitter_m=jitter)
                 nll = metrics.loc["overall", "NLL"]
                 print(f"  {region} {split:13s} jitter {jitter:6.0f} m  val NLL {nll:.4f}", flush=True)
@@ -270,15 +285,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="seed of the splits (default the dataset's, 0): other held-out tiles or blocks")
     parser.add_argument("--gaussian", action="store_true",
                         help="score every row's new measurements with a Gaussian (no validation-chosen Student-t)")
+    parser.add_argument("--no-density", action="store_true",
+                        help="coordinates and time only: no fixed-broadband density layer for any model")
     parser.add_argument("--tune", action="store_true",
                         help="print the encoding and jitter grids on validation data instead")
     args = parser.parse_args(argv)
-    demo = DemoConfig(device=args.device, progress=False, epochs=args.epochs)
+    demo = DemoConfig(device=args.device, progress=False, epochs=args.epochs, density=not args.no_density)
     schedule = demo.train_config()
     regions = [r.strip() for r in args.regions.split(",") if r.strip()]
     print(f"schedule: {schedule.epochs} epochs, lr {schedule.lr:g}, batch {schedule.batch_size}; "
           f"encoding {ENCODING_SCALES} scales down to {MIN_WAVELENGTH_M:g} m; coordinate jitter "
-          f"{SPACE_TIME.coordinate_jitter_m:g} m; metrics on the {args.eval} split")
+          f"{SPACE_TIME.coordinate_jitter_m:g} m; density layer: "
+          f"{'shipped fixed-broadband tiles' if demo.density else 'none'}; metrics on the {args.eval} split")
     if args.tune:
         tune(regions, demo)
         return 0

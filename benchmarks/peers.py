@@ -49,6 +49,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from geodbk.dataset.coords import ProjectedTransform
+from geodbk.dataset.density import TestDensityCovariates
 from geodbk.dataset.quarters import quarter_years
 from geodbk.fit.tails import MeasurementTails, fit_measurement_tails
 from geodbk.prediction import Prediction
@@ -130,7 +131,10 @@ def projection_of(dataset: HasFrame) -> ProjectedTransform:
 
 
 def peer_features(
-    frame: pd.DataFrame, projection: ProjectedTransform, covariates: Sequence[str] | str = "tests"
+    frame: pd.DataFrame,
+    projection: ProjectedTransform,
+    covariates: Sequence[str] | str = "tests",
+    density: TestDensityCovariates | None = None,
 ) -> pd.DataFrame:
     """The peers' inputs for dataset rows.
 
@@ -139,16 +143,22 @@ def peer_features(
             covariate needs it.
         projection: the dataset's LAEA projection (:func:`projection_of`).
         covariates: a variant name of :data:`VARIANTS` or covariate names of :data:`COVARIATES`.
+        density: another layer's test density (:mod:`geodbk.dataset.density`), whose columns
+            follow, as dbk-rbf's inputs have them.
 
     Returns:
         (n, k) float64 DataFrame, one column per covariate in the given order, on ``frame``'s
-        index: x_km, y_km (km), t_years (decimal years), log_tests (ln tests).
+        index: x_km, y_km (km), t_years (decimal years), log_tests (ln tests), then the
+        density's columns.
     """
     names = VARIANTS[covariates] if isinstance(covariates, str) else tuple(covariates)
     unknown = [name for name in names if name not in COVARIATES]
     if unknown:
         raise ValueError(f"unknown covariates {unknown}; known: {sorted(COVARIATES)}")
     columns = {name: np.asarray(COVARIATES[name](frame, projection), dtype=np.float64) for name in names}
+    if density is not None:
+        lonlat = frame[["lon", "lat"]].to_numpy(np.float64)
+        columns.update(zip(density.names, density.columns(projection.to_metres(lonlat)).T, strict=True))
     return pd.DataFrame(columns, index=frame.index)
 
 
@@ -203,6 +213,7 @@ class PeerModel:
         variant: ``"tests"`` or ``"map"`` (:data:`VARIANTS`).
         covariates: the mean's covariates, in :func:`peer_features` order.
         projection: LAEA projection of the features.
+        density: the test density columns of the mean's features, or ``None``.
         s0, s1: validation-fitted noise, log10 units (see the module docstring).
         tails: a new measurement's validation-chosen family, or ``None`` (Gaussian).
         details: fit facts for reports (iterations, covariance parameters, seconds).
@@ -212,6 +223,7 @@ class PeerModel:
     variant: str
     covariates: tuple[str, ...]
     projection: ProjectedTransform
+    density: TestDensityCovariates | None = None
     s0: float = float("nan")
     s1: float = float("nan")
     tails: MeasurementTails | None = None
@@ -248,7 +260,7 @@ class LightGBMPeer(PeerModel):
     booster: Any = None
 
     def latent(self, rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        features = peer_features(rows, self.projection, self.covariates).to_numpy()
+        features = peer_features(rows, self.projection, self.covariates, self.density).to_numpy()
         mean = np.asarray(self.booster.predict(features, num_iteration=self.booster.best_iteration), np.float64)
         return mean, np.zeros(len(mean))
 
@@ -261,7 +273,7 @@ class GPBoostPeer(PeerModel):
     booster: Any = None
 
     def latent(self, rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        features = peer_features(rows, self.projection, self.covariates).to_numpy()
+        features = peer_features(rows, self.projection, self.covariates, self.density).to_numpy()
         coords = peer_features(rows, self.projection, GP_COORDINATES).to_numpy()
         out = self.booster.predict(features, gp_coords_pred=coords, predict_var=True, pred_latent=True)
         mean = np.asarray(out["fixed_effect"], np.float64) + np.asarray(out["random_effect_mean"], np.float64)
@@ -273,7 +285,9 @@ def _splits(dataset: HasFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return frame[frame["split"] == "train"], frame[frame["split"] == "val"]
 
 
-def fit_lightgbm(dataset: HasFrame, variant: str = "tests", seed: int = 0) -> LightGBMPeer:
+def fit_lightgbm(
+    dataset: HasFrame, variant: str = "tests", seed: int = 0, density_tiles: pd.DataFrame | None = None
+) -> LightGBMPeer:
     """LightGBM peer: L2 regression of y on the variant's features.
 
     Training rows only; up to :data:`LIGHTGBM_ROUNDS` rounds of :data:`LIGHTGBM_PARAMS`,
@@ -287,10 +301,11 @@ def fit_lightgbm(dataset: HasFrame, variant: str = "tests", seed: int = 0) -> Li
     start = time.perf_counter()
     covariates = VARIANTS[variant]
     projection = projection_of(dataset)
+    density = None if density_tiles is None else TestDensityCovariates.from_tiles(density_tiles, projection)
     train, val = _splits(dataset)
-    x_train = peer_features(train, projection, covariates).to_numpy()
-    x_val = peer_features(val, projection, covariates).to_numpy()
-    train_set = lgb.Dataset(x_train, train["y"].to_numpy(np.float64), feature_name=list(covariates))
+    x_train = peer_features(train, projection, covariates, density)
+    x_val = peer_features(val, projection, covariates, density).to_numpy()
+    train_set = lgb.Dataset(x_train.to_numpy(), train["y"].to_numpy(np.float64), feature_name=list(x_train.columns))
     val_set = lgb.Dataset(x_val, val["y"].to_numpy(np.float64), reference=train_set)
     booster = lgb.train(
         {**LIGHTGBM_PARAMS, "seed": seed, "num_threads": THREADS},
@@ -299,7 +314,7 @@ def fit_lightgbm(dataset: HasFrame, variant: str = "tests", seed: int = 0) -> Li
         valid_sets=[val_set],
         callbacks=[lgb.early_stopping(LIGHTGBM_PATIENCE, verbose=False)],
     )
-    peer = LightGBMPeer("lightgbm", variant, covariates, projection, booster=booster)
+    peer = LightGBMPeer("lightgbm", variant, covariates, projection, density, booster=booster)
     peer.fit_noise(val)
     peer.details.update(iterations=booster.best_iteration, seconds=time.perf_counter() - start)
     return peer
@@ -310,7 +325,9 @@ def gpboost_weights(tests: np.ndarray, rho: float = GPBOOST_WEIGHT_RHO) -> np.nd
     return 1.0 / (rho + 1.0 / np.asarray(tests, dtype=np.float64))
 
 
-def fit_gpboost(dataset: HasFrame, variant: str = "tests", seed: int = 0) -> GPBoostPeer:
+def fit_gpboost(
+    dataset: HasFrame, variant: str = "tests", seed: int = 0, density_tiles: pd.DataFrame | None = None
+) -> GPBoostPeer:
     """GPBoost peer: tree boosting plus a Vecchia space-time GP, in three stages.
 
     1. Covariance parameters. ``gpboost.GPModel(gp_coords=(t_years, x_km, y_km),
@@ -353,8 +370,10 @@ def fit_gpboost(dataset: HasFrame, variant: str = "tests", seed: int = 0) -> GPB
     start = time.perf_counter()
     covariates = VARIANTS[variant]
     projection = projection_of(dataset)
+    density = None if density_tiles is None else TestDensityCovariates.from_tiles(density_tiles, projection)
     train, val = _splits(dataset)
-    x_train = peer_features(train, projection, covariates).to_numpy()
+    features_train = peer_features(train, projection, covariates, density)
+    x_train = features_train.to_numpy()
     coords_train = peer_features(train, projection, GP_COORDINATES).to_numpy()
     y_train = train["y"].to_numpy(np.float64)
     weights = gpboost_weights(train["tests"].to_numpy(np.float64))
@@ -382,9 +401,10 @@ def fit_gpboost(dataset: HasFrame, variant: str = "tests", seed: int = 0) -> GPB
     gp_model = gpb.GPModel(gp_coords=coords_train, weights=capped / scale, **gp_kw)  # nugget / capped[row]
     gp_model.set_optim_params(params={"init_cov_pars": np.array([nugget / scale, *cov_pars[1:]])})
     gp_model.set_prediction_data(gp_coords_pred=peer_features(val, projection, GP_COORDINATES).to_numpy())
-    train_set = gpb.Dataset(x_train, y_train, feature_name=list(covariates))
+    train_set = gpb.Dataset(x_train, y_train, feature_name=list(features_train.columns))
     val_set = gpb.Dataset(
-        peer_features(val, projection, covariates).to_numpy(), val["y"].to_numpy(np.float64), reference=train_set
+        peer_features(val, projection, covariates, density).to_numpy(), val["y"].to_numpy(np.float64),
+        reference=train_set,
     )
     booster = gpb.train(
         {**GPBOOST_PARAMS, "seed": seed, "num_threads": THREADS},
@@ -397,7 +417,7 @@ def fit_gpboost(dataset: HasFrame, variant: str = "tests", seed: int = 0) -> GPB
         early_stopping_rounds=GPBOOST_PATIENCE,
         verbose_eval=False,
     )
-    peer = GPBoostPeer("gpboost", variant, covariates, projection, booster=booster)
+    peer = GPBoostPeer("gpboost", variant, covariates, projection, density, booster=booster)
     peer.fit_noise(val)
     names = ("nugget", "gp_var", "range_t_years", "range_s_km")
     peer.details.update(
@@ -415,16 +435,19 @@ FITTERS: Mapping[str, Callable[..., PeerModel]] = {"lightgbm": fit_lightgbm, "gp
 
 
 def fit_peer(
-    dataset: HasFrame, name: str, variant: str, seed: int = 0, measurement_tails: bool = True
+    dataset: HasFrame, name: str, variant: str, seed: int = 0, measurement_tails: bool = True,
+    density_tiles: pd.DataFrame | None = None,
 ) -> PeerModel:
     """Fit peer ``name`` (:data:`PEERS`) in ``variant`` (:data:`VARIANTS`); with
     ``measurement_tails``, choose a new measurement's family on the validation rows as geodbk's
-    space-time fits do (:func:`geodbk.fit.tails.fit_measurement_tails`)."""
+    space-time fits do (:func:`geodbk.fit.tails.fit_measurement_tails`); ``density_tiles``
+    (another layer's tiles) add their test density to the mean's features, as
+    ``geodbk.fit_dataset(density_tiles=)`` adds it to dbk-rbf's inputs."""
     if name not in FITTERS:
         raise ValueError(f"unknown peer {name!r}; known: {sorted(FITTERS)}")
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANTS)}")
-    peer = FITTERS[name](dataset, variant, seed=seed)
+    peer = FITTERS[name](dataset, variant, seed=seed, density_tiles=density_tiles)
     if measurement_tails:
         val = dataset.frame[dataset.frame["split"] == "val"]
         peer.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), peer.predict_tiles(val))

@@ -10,6 +10,9 @@ SAMPLE_DIR = Path(os.environ.get("GEODBK_DATA", Path(__file__).resolve().parents
 
 PUERTO_RICO_MOBILE = SAMPLE_DIR / "puerto_rico_mobile_tiles_2019q1-2023q4.parquet"
 HAWAII_MOBILE = SAMPLE_DIR / "hawaii_mobile_tiles_2019q1-2023q4.parquet"
+#: Fixed-broadband tiles of the same regions: the mobile maps' density layer.
+PUERTO_RICO_FIXED = SAMPLE_DIR / "puerto_rico_fixed_tiles_4quarters.parquet"
+HAWAII_FIXED = SAMPLE_DIR / "hawaii_fixed_tiles_2019q1-2023q4.parquet"
 HAWAII_MOBILE_GEOJSON_ZIP = SAMPLE_DIR / "hawaii-state_mobile_geojson_2020Q3_2023Q4.zip"
 STATE_BOUNDARIES = SAMPLE_DIR / "cb_2018_us_state_20m.zip"
 COUNTY_BOUNDARIES = SAMPLE_DIR / "cb_2018_us_county_20m.zip"

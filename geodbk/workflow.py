@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
+from geodbk.dataset.density import read_density_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset, sample_tiles_path
 from geodbk.errors import InputDataError, OutputExistsError
 from geodbk.fileio import (
     RUN_FOLDER,
@@ -216,6 +217,8 @@ class DemoConfig:
         resolution: map cell side; degrees as a number, or ``"500m"`` style.
         map_crs: CRS of the maps (default EPSG:4326, or UTM for metre resolutions).
         paper_size: h = 256, r = 1024 and the 400-epoch schedule instead of the CPU sizes.
+        density: give the models the region's shipped fixed-broadband tiles as a density
+            layer (:mod:`geodbk.dataset.density`; space-time protocol only).
         seed: seed of the train/val/test split and of the model initialisation.
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         progress: show tqdm bars.
@@ -236,6 +239,7 @@ class DemoConfig:
     resolution: float | str = 0.005
     map_crs: str | None = None
     paper_size: bool = False
+    density: bool = True
     seed: int = 0
     device: str = "auto"
     progress: bool = True
@@ -342,12 +346,19 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
     wrote(run.dataset)
     seconds["dataset"] = time.perf_counter() - t0
 
+    density = None
+    if cfg.density and cfg.protocol == "space-time":
+        fixed = sample_tiles_path(cfg.region, "fixed")
+        density = read_density_tiles(fixed, dataset.region, buffer_deg=dataset.buffer_deg)
+        echo(f"density layer: {density['quadkey'].nunique():,} fixed-broadband tiles")
     models: dict[str, GeoModel] = {}
     results: dict[str, pd.DataFrame] = {}
     for kind in cfg.models:
         echo(f"fitting {kind} ...")
         t0 = time.perf_counter()
-        model = fit_dataset(dataset, kind, protocol=cfg.protocol, preset=cfg.preset, **cfg.overrides())
+        model = fit_dataset(
+            dataset, kind, protocol=cfg.protocol, preset=cfg.preset, density_tiles=density, **cfg.overrides()
+        )
         seconds[f"fit {kind}"] = time.perf_counter() - t0
         echo(f"fitted {kind} in {seconds[f'fit {kind}']:.0f} s")
         model.save(run.model(kind))

@@ -132,6 +132,10 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    help="shortest positional-encoding wavelength, metres (default 1000, about 2 tiles)")
     p.add_argument("--coordinate-jitter", type=finite_float, default=None, metavar="METRES",
                    help="sd of the noise on the training places, metres (default 3000 for space-time; 0 = none)")
+    p.add_argument("--density-tiles", nargs="+", default=None, metavar="PATH",
+                   help="another Ookla layer over the region (files or URLs, e.g. its fixed-broadband tiles): "
+                   "its test density within 1, 3 and 10 km becomes model inputs known at every map cell "
+                   "(space-time protocol; default none)")
     p.add_argument("--epochs", type=int, help="maximum training epochs (default 40; 400 with --paper-size)")
     p.add_argument("--hidden", type=int, help="backbone width h (default 64; 256 with --paper-size)")
     p.add_argument("--rank", type=int, help="basis rank / inducing points r (default 128; 1024 with --paper-size)")
@@ -257,13 +261,18 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
         run.check_fits(dataset, kinds, overwrite=args.overwrite)
     echo(f"{args.protocol} protocol, {dataset.split_protocol} split: "
          + ", ".join(f"{s} {int((dataset.frame['split'] == s).sum()):,}" for s in ("train", "val", "test")))
+    density = None
+    if args.density_tiles:
+        from geodbk.dataset.density import read_density_tiles
+
+        density = read_density_tiles(args.density_tiles, dataset.region, buffer_deg=dataset.buffer_deg)
     results, models = {}, {}
     for kind in kinds:
         start = time.perf_counter()
         models[kind] = model = fit_dataset(
             dataset, kind, protocol=args.protocol, preset=preset,
             min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength,
-            coordinate_jitter_m=args.coordinate_jitter, **overrides,
+            coordinate_jitter_m=args.coordinate_jitter, density_tiles=density, **overrides,
         )
         if main:
             results[kind] = evaluate_on_test(model, dataset)

@@ -117,6 +117,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resolution", help="map cell side in degrees, or e.g. 500m (default 0.005 degrees, about 550 m)")
     p.add_argument("--crs", help="CRS of the maps (default EPSG:4326; UTM for metre resolutions)")
     p.add_argument("--paper-size", action="store_true", help="paper model size and 400-epoch schedule")
+    p.add_argument("--no-density", action="store_true",
+                   help="coordinates and time only: do not give the models the shipped fixed-broadband "
+                   "tiles' test density (space-time protocol)")
     p.add_argument("--seed", type=int, help="seed of the split and the fits (default 0)")
     p.add_argument("--device", help="auto (CUDA if available), cpu or cuda (default auto)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -165,6 +168,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     config = DemoConfig(
         **{k: v for k, v in given.items() if v is not None or k == "quarters"},
         paper_size=args.paper_size,
+        density=not args.no_density,
         progress=not args.no_progress,
     )
     _check_demo_maps(config, allow=args.allow_extrapolation)

@@ -6,7 +6,10 @@ Two protocols:
     X = (u, v, t): u, v are the tile centre in a Lambert azimuthal equal-area projection
     centred on the data and scaled by the data's own extent
     (:class:`geodbk.dataset.coords.ProjectedTransform`); t is time in decimal years, scaled so that
-    the fitted quarters span [-1, 1]. One model gives the map of any fitted quarter.
+    the fitted quarters span [-1, 1]. One model gives the map of any fitted quarter. With a
+    density layer (:class:`geodbk.dataset.density.TestDensityCovariates`), X gains its
+    covariates after t: another Ookla layer's test density around the place, known at every
+    map cell.
 ``paper``
     X = (x1, x2): lon/lat scaled by the region's bounding box
     (:class:`geodbk.dataset.coords.CoordinateTransform`) and no time, as in the DBK paper. Kept
@@ -24,9 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from shapely.geometry.base import BaseGeometry
 
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, outside_extent, transform_from_dict
+from geodbk.dataset.density import TestDensityCovariates
 from geodbk.dataset.domain import DomainReport, beyond_region
 from geodbk.dataset.quarters import Quarter, quarter_years
 from geodbk.errors import InputDataError
@@ -86,29 +91,38 @@ class InputSpace:
         coords: the spatial transform (projected and data-scaled, or the paper's box).
         time: the time axis, or ``None`` for a time-free model (the paper protocol).
         protocol: ``"space-time"`` or ``"paper"``.
+        density: covariates from another tile layer, appended after time (space-time only).
     """
 
     coords: CoordinateTransform | ProjectedTransform
     time: TimeAxis | None = None
     protocol: str = "space-time"
+    density: TestDensityCovariates | None = None
 
     @classmethod
-    def for_dataset(cls, dataset: Any, protocol: str = "space-time") -> InputSpace:
+    def for_dataset(
+        cls, dataset: Any, protocol: str = "space-time", density_tiles: pd.DataFrame | None = None
+    ) -> InputSpace:
         """The input space of a :class:`geodbk.dataset.SpatialDataset`.
 
         ``space-time``: projection and scale from all of the dataset's tile centres (locations
-        only, no targets), time range from its training rows. ``paper``: the dataset's
-        region box, no time.
+        only, no targets), time range from its training rows, and the test density of
+        ``density_tiles`` (another layer's Ookla tiles, e.g. the region's fixed tiles; see
+        :mod:`geodbk.dataset.density`) when given. ``paper``: the dataset's region box, no
+        time; ``density_tiles`` is then an error.
         """
         if protocol not in PROTOCOLS:
             raise InputDataError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         if protocol == "paper":
+            if density_tiles is not None:
+                raise InputDataError("the paper protocol takes no density tiles (its inputs are the coordinates alone)")
             return cls(dataset.transform, None, protocol)
         tiles = dataset.frame.drop_duplicates("quadkey")
         coords = ProjectedTransform.from_lonlat(tiles[["lon", "lat"]].to_numpy(np.float64))
         train = dataset.subset("train")
         years = quarter_years(train["year"], train["quarter"])
-        return cls(coords, TimeAxis(float(years.min()), float(years.max())), protocol)
+        density = None if density_tiles is None else TestDensityCovariates.from_tiles(density_tiles, coords)
+        return cls(coords, TimeAxis(float(years.min()), float(years.max())), protocol, density)
 
     @property
     def latest(self) -> str | None:
@@ -144,7 +158,17 @@ class InputSpace:
         years = self.years(when, len(xy))
         if years is None or self.time is None:  # years is None exactly when time is
             return xy
-        return np.column_stack([xy, self.time.to_unit(years)])
+        X = np.column_stack([xy, self.time.to_unit(years)])
+        if self.density is None:
+            return X
+        assert isinstance(self.coords, ProjectedTransform)  # a density comes with the space-time protocol
+        return np.column_stack([X, self.density.columns(self.coords.to_metres(lonlat))])
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """Names of :meth:`features`' columns."""
+        names = ("x", "y") if self.time is None else ("x", "y", "t")
+        return names + (() if self.density is None else self.density.names)
 
     def domain(
         self,
@@ -191,9 +215,15 @@ class InputSpace:
             "protocol": self.protocol,
             "coords": self.coords.to_dict(),
             "time": None if self.time is None else self.time.to_dict(),
+            "density": None if self.density is None else self.density.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> InputSpace:
-        time = d.get("time")
-        return cls(transform_from_dict(d["coords"]), None if time is None else TimeAxis.from_dict(time), d["protocol"])
+        time, density = d.get("time"), d.get("density")
+        return cls(
+            transform_from_dict(d["coords"]),
+            None if time is None else TimeAxis.from_dict(time),
+            d["protocol"],
+            None if density is None else TestDensityCovariates.from_dict(density),
+        )

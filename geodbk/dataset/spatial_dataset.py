@@ -422,14 +422,20 @@ def build_dataset(
 
 #: Shipped sample tiles by USPS code.
 SAMPLE_TILES = {"PR": paths.PUERTO_RICO_MOBILE, "HI": paths.HAWAII_MOBILE}
+#: Shipped fixed-broadband tiles by USPS code: the mobile sample's density layer.
+SAMPLE_FIXED_TILES = {"PR": paths.PUERTO_RICO_FIXED, "HI": paths.HAWAII_FIXED}
 
 
-def sample_tiles_path(region: str | Region) -> Path:
-    """The shipped mobile tile file for a region (Puerto Rico or Hawaii)."""
+def sample_tiles_path(region: str | Region, service: str = "mobile") -> Path:
+    """The shipped ``service`` (``"mobile"`` or ``"fixed"``) tile file for a region (Puerto
+    Rico or Hawaii)."""
     code = load_region(region).code
-    if code not in SAMPLE_TILES:
+    files = {"mobile": SAMPLE_TILES, "fixed": SAMPLE_FIXED_TILES}.get(service)
+    if files is None:
+        raise InputDataError(f"service must be 'mobile' or 'fixed', got {service!r}")
+    if code not in files:
         raise RegionError(f"the shipped sample covers Puerto Rico (PR) and Hawaii (HI) only, not {region!r}")
-    return SAMPLE_TILES[code]
+    return files[code]
 
 
 def load_sample_dataset(

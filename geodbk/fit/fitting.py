@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import shapely
 
+from geodbk.dataset.density import DensitySource, read_density_tiles
 from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import SpatialDataset
@@ -38,6 +39,7 @@ def fit_dataset(
     area_criterion: bool = True,
     conjugate_posterior: bool = True,
     measurement_tails: bool = True,
+    density_tiles: DensitySource | None = None,
     **overrides: Any,
 ) -> GeoModel:
     """Fit ``kind`` on the dataset's train split, selecting on its val split.
@@ -68,12 +70,19 @@ def fit_dataset(
         measurement_tails: choose a new measurement's family on the validation rows (a Student-t,
             :func:`~geodbk.fit.tails.fit_measurement_tails`), where the protocol does; maps of
             the tile mean do not change. ``False`` keeps it Gaussian (an ablation).
+        density_tiles: another Ookla layer's tiles over the region (the fixed-broadband tiles,
+            say): a frame, or files/URLs read by :func:`~geodbk.dataset.density.read_density_tiles`.
+            Their test density around each place becomes model inputs known at every map cell
+            (:mod:`geodbk.dataset.density`); space-time protocol. ``None``: coordinates and time only.
         overrides: fields of :class:`~geodbk.models.config.ModelConfig` or
             :class:`~geodbk.models.config.TrainConfig` (``hidden=16``, ``epochs=5``,
             ``progress=False``, ...); ``None`` values are ignored.
     """
     rules = get_protocol(protocol)
-    inputs = rules.input_space(dataset)
+    density = None if density_tiles is None else read_density_tiles(
+        density_tiles, dataset.region, buffer_deg=dataset.buffer_deg
+    )
+    inputs = rules.input_space(dataset, density)
     model_config, train_config = rules.fit_configs(
         inputs, preset, min_wavelength_m=min_wavelength_m, coordinate_jitter_m=coordinate_jitter_m, **overrides
     )

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pandas as pd
+
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.inputs import InputSpace
 from geodbk.errors import InputDataError
@@ -83,9 +85,10 @@ class Protocol:
     coordinate_jitter_m: float = 0.0
     measurement_tails: bool = False
 
-    def input_space(self, dataset: Any) -> InputSpace:
-        """The inputs of a :class:`~geodbk.dataset.spatial_dataset.SpatialDataset` under this protocol."""
-        return InputSpace.for_dataset(dataset, self.name)
+    def input_space(self, dataset: Any, density_tiles: pd.DataFrame | None = None) -> InputSpace:
+        """The inputs of a :class:`~geodbk.dataset.spatial_dataset.SpatialDataset` under this
+        protocol, with another layer's test density when ``density_tiles`` are given."""
+        return InputSpace.for_dataset(dataset, self.name, density_tiles)
 
     def configs(self, preset: str = "cpu", **overrides: Any) -> tuple[ModelConfig, TrainConfig]:
         """``(ModelConfig, TrainConfig)``: this protocol's defaults, then the preset's size and

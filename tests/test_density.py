@@ -1,0 +1,100 @@
+"""Map-time covariates from another tile layer (geodbk.dataset.density): window sums against
+brute force, the model inputs they make, and a fitted model that keeps them through a save."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from geodbk import paths
+from geodbk.dataset.coords import ProjectedTransform
+from geodbk.dataset.density import CELL_M, TestDensityCovariates, read_density_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset, sample_tiles_path
+from geodbk.errors import InputDataError
+from geodbk.fit.fitting import fit_dataset
+from geodbk.fit.geomodel import GeoModel
+from geodbk.ingest.quadkey import lonlat_to_quadkey
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def pr_fixed() -> pd.DataFrame:
+    """The shipped Puerto Rico fixed-broadband tiles (four quarters)."""
+    return pd.read_parquet(paths.PUERTO_RICO_FIXED, columns=["quadkey", "tests", "service", "year", "quarter"])
+
+
+@pytest.fixture(scope="module")
+def pr_two_quarters(pr_tiles) -> SpatialDataset:
+    return build_dataset(pr_tiles, "PR", quarters="2023Q3,2023Q4", seed=0)
+
+
+def _brute_force(layer: TestDensityCovariates, xy_m: np.ndarray, half_side_m: float) -> np.ndarray:
+    """Tests of the tiles whose centre is within ``half_side_m`` of each point in x and in y."""
+    gap = np.abs(xy_m[:, None, :] - layer.xy_m[None, :, :]).max(axis=2)  # (n, m) Chebyshev metres
+    return (gap <= half_side_m) @ layer.tests
+
+
+def test_window_sums_match_brute_force_to_one_cell(pr_fixed):
+    rng = np.random.default_rng(0)
+    projection = ProjectedTransform.from_lonlat(np.array([[-67.3, 17.9], [-65.2, 18.55]]))
+    layer = TestDensityCovariates.from_tiles(pr_fixed, projection)
+    assert layer.tests.sum() == pr_fixed["tests"].sum() and len(layer.xy_m) == pr_fixed["quadkey"].nunique()
+    # places near tiles and places in the sea
+    xy_m = layer.xy_m[rng.choice(len(layer.xy_m), 300)] + rng.normal(0, 2000, (300, 2))
+    for r in layer.radii_m:
+        got = layer.window_tests(xy_m, r)
+        # a tile counts when its 250 m cell does: exact but for tiles within one cell of the edge
+        inner, outer = _brute_force(layer, xy_m, r - CELL_M * 1.5), _brute_force(layer, xy_m, r + CELL_M * 1.5)
+        assert np.all(inner <= got + 1e-6) and np.all(got <= outer + 1e-6)
+        assert np.mean(inner < outer) > 0.3
+    columns = layer.columns(xy_m)
+    assert columns.shape == (300, 3) and np.all(np.diff(columns, axis=1) >= 0)  # wider windows hold more
+    far = layer.columns(np.array([[1e7, 1e7]]))  # no tile within 10 km: log(1 + 0) / 5 - 1
+    np.testing.assert_array_equal(far, [[-1.0, -1.0, -1.0]])
+    again = TestDensityCovariates.from_dict(layer.to_dict())
+    np.testing.assert_array_equal(again.columns(xy_m), columns)
+    assert again.names == ("fixed_tests_1km", "fixed_tests_3km", "fixed_tests_10km")
+
+
+def test_a_known_density_is_read_back_at_a_tile():
+    """Two tiles of 7 and 5 tests 1.5 km apart: the 1 km window around the first sees 7, the
+    3 km one sees 12."""
+    projection = ProjectedTransform.from_lonlat(np.array([[-66.2, 18.2], [-66.0, 18.4]]))
+    a, b = (-66.10, 18.30), (-66.10 + 1500 / 105_700, 18.30)  # 1 degree of longitude: about 105.7 km here
+    tiles = pd.DataFrame({"quadkey": lonlat_to_quadkey(np.array([a, b])[:, 0], np.array([a, b])[:, 1]),
+                          "tests": [7, 5]})
+    layer = TestDensityCovariates.from_tiles(tiles, projection)
+    at_a = layer.columns(projection.to_metres(np.array([a])))
+    np.testing.assert_allclose(at_a, [[np.log1p(7) / 5 - 1, np.log1p(12) / 5 - 1, np.log1p(12) / 5 - 1]])
+
+
+def test_bad_density_layers_are_refused(pr_two_quarters):
+    projection = ProjectedTransform.from_lonlat(np.array([[-66.2, 18.2], [-66.0, 18.4]]))
+    with pytest.raises(InputDataError, match="lack columns"):
+        TestDensityCovariates.from_tiles(pd.DataFrame({"quadkey": ["0"]}), projection)
+    with pytest.raises(InputDataError, match="tests >= 0"):
+        TestDensityCovariates.from_tiles(pd.DataFrame({"quadkey": ["032300213"], "tests": [-1]}), projection)
+    with pytest.raises(InputDataError, match="paper protocol"):
+        fit_dataset(pr_two_quarters, "knn", protocol="paper", density_tiles=pd.DataFrame(
+            {"quadkey": ["032300213"], "tests": [3]}))
+
+
+def test_a_fit_with_a_density_layer_keeps_it_through_a_save(pr_two_quarters, tmp_path):
+    fixed = read_density_tiles(sample_tiles_path("PR", "fixed"), pr_two_quarters.region)
+    assert set(fixed["service"]) == {"fixed"} and len(fixed) > 30_000
+    model = fit_dataset(pr_two_quarters, "dbk-rbf", density_tiles=fixed, epochs=2, progress=False,
+                        local_residuals=False, measurement_tails=False)
+    assert model.inputs.feature_names == ("x", "y", "t", "fixed_tests_1km", "fixed_tests_3km", "fixed_tests_10km")
+    assert model.regressor.input_dim == 6
+    rows = pr_two_quarters.subset("test")
+    lonlat = rows[["lon", "lat"]].to_numpy(np.float64)
+    X = model.inputs.features(lonlat, "2023Q4")
+    expected = model.inputs.density.columns(model.inputs.coords.to_metres(lonlat))
+    np.testing.assert_array_equal(X[:, 3:], expected)
+    assert X[:, 3:].std(axis=0).min() > 0.1  # the covariates vary over the island
+    model.save(tmp_path / "m.pt")
+    loaded = GeoModel.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(loaded.inputs.features(lonlat, "2023Q4"), X)
+    np.testing.assert_allclose(loaded.predict_tiles(rows).mean, model.predict_tiles(rows).mean, rtol=0, atol=1e-12)
