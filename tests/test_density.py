@@ -50,24 +50,24 @@ def test_window_sums_match_brute_force_to_one_cell(pr_fixed):
         assert np.all(inner <= got + 1e-6) and np.all(got <= outer + 1e-6)
         assert np.mean(inner < outer) > 0.3
     columns = layer.columns(xy_m)
-    assert columns.shape == (300, 3) and np.all(np.diff(columns, axis=1) >= 0)  # wider windows hold more
+    assert columns.shape == (300, 4) and np.all(np.diff(columns, axis=1) >= 0)  # wider windows hold more
     far = layer.columns(np.array([[1e7, 1e7]]))  # no tile within 10 km: log(1 + 0) / 5 - 1
-    np.testing.assert_array_equal(far, [[-1.0, -1.0, -1.0]])
+    np.testing.assert_array_equal(far, [[-1.0, -1.0, -1.0, -1.0]])
     again = TestDensityCovariates.from_dict(layer.to_dict())
     np.testing.assert_array_equal(again.columns(xy_m), columns)
-    assert again.names == ("fixed_tests_1km", "fixed_tests_3km", "fixed_tests_10km")
+    assert again.names == ("fixed_tests_1km", "fixed_tests_3km", "fixed_tests_10km", "fixed_tests_30km")
 
 
 def test_a_known_density_is_read_back_at_a_tile():
     """Two tiles of 7 and 5 tests 1.5 km apart: the 1 km window around the first sees 7, the
-    3 km one sees 12."""
+    wider ones see 12."""
     projection = ProjectedTransform.from_lonlat(np.array([[-66.2, 18.2], [-66.0, 18.4]]))
     a, b = (-66.10, 18.30), (-66.10 + 1500 / 105_700, 18.30)  # 1 degree of longitude: about 105.7 km here
     tiles = pd.DataFrame({"quadkey": lonlat_to_quadkey(np.array([a, b])[:, 0], np.array([a, b])[:, 1]),
                           "tests": [7, 5]})
     layer = TestDensityCovariates.from_tiles(tiles, projection)
     at_a = layer.columns(projection.to_metres(np.array([a])))
-    np.testing.assert_allclose(at_a, [[np.log1p(7) / 5 - 1, np.log1p(12) / 5 - 1, np.log1p(12) / 5 - 1]])
+    np.testing.assert_allclose(at_a, [[np.log1p(7) / 5 - 1] + [np.log1p(12) / 5 - 1] * 3])
 
 
 def test_bad_density_layers_are_refused(pr_two_quarters):
@@ -86,8 +86,8 @@ def test_a_fit_with_a_density_layer_keeps_it_through_a_save(pr_two_quarters, tmp
     assert set(fixed["service"]) == {"fixed"} and len(fixed) > 30_000
     model = fit_dataset(pr_two_quarters, "dbk-rbf", density_tiles=fixed, epochs=2, progress=False,
                         local_residuals=False, measurement_tails=False)
-    assert model.inputs.feature_names == ("x", "y", "t", "fixed_tests_1km", "fixed_tests_3km", "fixed_tests_10km")
-    assert model.regressor.input_dim == 6
+    assert model.inputs.feature_names == ("x", "y", "t", *(f"fixed_tests_{r}km" for r in (1, 3, 10, 30)))
+    assert model.regressor.input_dim == 7
     rows = pr_two_quarters.subset("test")
     lonlat = rows[["lon", "lat"]].to_numpy(np.float64)
     X = model.inputs.features(lonlat, "2023Q4")
