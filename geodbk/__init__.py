@@ -31,6 +31,8 @@ _EXPORTS = {
     "CoordinateTransform": "geodbk.dataset.coords",
     "ProjectedTransform": "geodbk.dataset.coords",
     "InputSpace": "geodbk.dataset.inputs",
+    "TestDensityCovariates": "geodbk.dataset.density",
+    "read_density_tiles": "geodbk.dataset.density",
     "SpatialDataset": "geodbk.dataset.spatial_dataset",
     "build_dataset": "geodbk.dataset.spatial_dataset",
     "load_sample_dataset": "geodbk.dataset.spatial_dataset",

@@ -3,6 +3,8 @@ brute force, the model inputs they make, and a fitted model that keeps them thro
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture(scope="module")
 def pr_fixed() -> pd.DataFrame:
     """The shipped Puerto Rico fixed-broadband tiles (four quarters)."""
-    return pd.read_parquet(paths.PUERTO_RICO_FIXED, columns=["quadkey", "tests", "service", "year", "quarter"])
+    return pd.read_parquet(paths.PUERTO_RICO_FIXED, columns=["quadkey", "tests", "avg_d_kbps", "service", "year", "quarter"])
 
 
 @pytest.fixture(scope="module")
@@ -50,24 +52,31 @@ def test_window_sums_match_brute_force_to_one_cell(pr_fixed):
         assert np.all(inner <= got + 1e-6) and np.all(got <= outer + 1e-6)
         assert np.mean(inner < outer) > 0.3
     columns = layer.columns(xy_m)
-    assert columns.shape == (300, 4) and np.all(np.diff(columns, axis=1) >= 0)  # wider windows hold more
-    far = layer.columns(np.array([[1e7, 1e7]]))  # no tile within 10 km: log(1 + 0) / 5 - 1
-    np.testing.assert_array_equal(far, [[-1.0, -1.0, -1.0, -1.0]])
+    assert columns.shape == (300, 6) and np.all(np.diff(columns[:, :4], axis=1) >= 0)  # wider windows hold more
+    far = layer.columns(np.array([[1e7, 1e7]]))  # no tile within 30 km: log(1 + 0) / 5 - 1, the mean speed
+    np.testing.assert_allclose(far, [[-1.0] * 4 + [layer.overall_speed - 4.0] * 2])
+    mbps = pr_fixed["avg_d_kbps"].to_numpy() / 1000
+    assert layer.overall_speed == pytest.approx(np.average(np.log1p(mbps), weights=pr_fixed["tests"]))
     again = TestDensityCovariates.from_dict(layer.to_dict())
     np.testing.assert_array_equal(again.columns(xy_m), columns)
-    assert again.names == ("fixed_tests_1km", "fixed_tests_3km", "fixed_tests_10km", "fixed_tests_30km")
+    pickled = pickle.dumps(layer)  # as Dask ships a model: the summed-area table stays behind
+    assert "_grid" in layer.__dict__ and len(pickled) < 2 * layer.xy_m.nbytes + 10_000
+    np.testing.assert_array_equal(pickle.loads(pickled).columns(xy_m), columns)
+    assert again.names == (*(f"fixed_tests_{r}km" for r in (1, 3, 10, 30)), "fixed_speed_3km", "fixed_speed_10km")
 
 
 def test_a_known_density_is_read_back_at_a_tile():
-    """Two tiles of 7 and 5 tests 1.5 km apart: the 1 km window around the first sees 7, the
-    wider ones see 12."""
+    """Two tiles of 7 and 5 tests at 100 and 20 Mbps, 1.5 km apart: the 1 km window around the
+    first sees 7 tests, the wider ones 12, at a test-weighted mean ln(1 + Mbps)."""
     projection = ProjectedTransform.from_lonlat(np.array([[-66.2, 18.2], [-66.0, 18.4]]))
     a, b = (-66.10, 18.30), (-66.10 + 1500 / 105_700, 18.30)  # 1 degree of longitude: about 105.7 km here
     tiles = pd.DataFrame({"quadkey": lonlat_to_quadkey(np.array([a, b])[:, 0], np.array([a, b])[:, 1]),
-                          "tests": [7, 5]})
+                          "tests": [7, 5], "avg_d_kbps": [100_000, 20_000]})
     layer = TestDensityCovariates.from_tiles(tiles, projection)
     at_a = layer.columns(projection.to_metres(np.array([a])))
-    np.testing.assert_allclose(at_a, [[np.log1p(7) / 5 - 1] + [np.log1p(12) / 5 - 1] * 3])
+    speed = (7 * np.log1p(100) + 5 * np.log1p(20)) / 12
+    np.testing.assert_allclose(at_a, [[np.log1p(7) / 5 - 1] + [np.log1p(12) / 5 - 1] * 3 + [speed - 4] * 2])
+    assert TestDensityCovariates.from_tiles(tiles[["quadkey", "tests"]], projection).speed is None
 
 
 def test_bad_density_layers_are_refused(pr_two_quarters):
@@ -86,8 +95,9 @@ def test_a_fit_with_a_density_layer_keeps_it_through_a_save(pr_two_quarters, tmp
     assert set(fixed["service"]) == {"fixed"} and len(fixed) > 30_000
     model = fit_dataset(pr_two_quarters, "dbk-rbf", density_tiles=fixed, epochs=2, progress=False,
                         local_residuals=False, measurement_tails=False)
-    assert model.inputs.feature_names == ("x", "y", "t", *(f"fixed_tests_{r}km" for r in (1, 3, 10, 30)))
-    assert model.regressor.input_dim == 7
+    assert model.inputs.feature_names == (
+        "x", "y", "t", *(f"fixed_tests_{r}km" for r in (1, 3, 10, 30)), "fixed_speed_3km", "fixed_speed_10km")
+    assert model.regressor.input_dim == 9
     rows = pr_two_quarters.subset("test")
     lonlat = rows[["lon", "lat"]].to_numpy(np.float64)
     X = model.inputs.features(lonlat, "2023Q4")
