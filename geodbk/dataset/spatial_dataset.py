@@ -420,22 +420,19 @@ def build_dataset(
     )
 
 
-#: Shipped sample tiles by USPS code.
-SAMPLE_TILES = {"PR": paths.PUERTO_RICO_MOBILE, "HI": paths.HAWAII_MOBILE}
-#: Shipped fixed-broadband tiles by USPS code: the mobile sample's density layer.
-SAMPLE_FIXED_TILES = {"PR": paths.PUERTO_RICO_FIXED, "HI": paths.HAWAII_FIXED}
+#: Shipped sample tiles by (USPS code, service): the mobile sample and its fixed density layer.
+SAMPLE_TILES = {("PR", "mobile"): paths.PUERTO_RICO_MOBILE, ("HI", "mobile"): paths.HAWAII_MOBILE,
+                ("PR", "fixed"): paths.PUERTO_RICO_FIXED, ("HI", "fixed"): paths.HAWAII_FIXED}
 
 
 def sample_tiles_path(region: str | Region, service: str = "mobile") -> Path:
-    """The shipped ``service`` (``"mobile"`` or ``"fixed"``) tile file for a region (Puerto
-    Rico or Hawaii)."""
-    code = load_region(region).code
-    files = {"mobile": SAMPLE_TILES, "fixed": SAMPLE_FIXED_TILES}.get(service)
-    if files is None:
+    """The shipped ``service`` (``"mobile"`` or ``"fixed"``) tile file of Puerto Rico or Hawaii."""
+    if service not in ("mobile", "fixed"):
         raise InputDataError(f"service must be 'mobile' or 'fixed', got {service!r}")
-    if code not in files:
+    path = SAMPLE_TILES.get((str(load_region(region).code), service))
+    if path is None:
         raise RegionError(f"the shipped sample covers Puerto Rico (PR) and Hawaii (HI) only, not {region!r}")
-    return files[code]
+    return path
 
 
 def load_sample_dataset(
