@@ -24,7 +24,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture(scope="module")
 def pr_fixed() -> pd.DataFrame:
     """The shipped Puerto Rico fixed-broadband tiles (four quarters)."""
-    return pd.read_parquet(paths.PUERTO_RICO_FIXED, columns=["quadkey", "tests", "avg_d_kbps", "service", "year", "quarter"])
+    columns = ["quadkey", "tests", "avg_d_kbps", "service", "year", "quarter"]
+    return pd.read_parquet(paths.PUERTO_RICO_FIXED, columns=columns)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import torch
 from scipy.optimize import minimize
 from torch.distributions import MultivariateNormal
 
+from geodbk import paths
 from geodbk.cli import main
 from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset
 from geodbk.errors import ExtrapolationWarning
@@ -308,7 +309,8 @@ def small_pr_file(pr_two_quarters, tmp_path_factory):
 def test_cli_fit_then_predict_warns_and_rejects_bad_quarters(small_pr_file, tmp_path, capsys):
     run = tmp_path / "run"
     rc = main(["fit", "--dataset", str(small_pr_file), "--models", "knn,dbk-rbf", "--epochs", "1",
-               "--hidden", "16", "--rank", "16", "--split", "spatial-block", "--out", str(run), "--no-progress"])
+               "--hidden", "16", "--rank", "16", "--split", "spatial-block", "--out", str(run), "--no-progress",
+               "--density-tiles", str(paths.PUERTO_RICO_FIXED)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "spatial-block split" in out
@@ -320,7 +322,9 @@ def test_cli_fit_then_predict_warns_and_rejects_bad_quarters(small_pr_file, tmp_
     records = json.loads((run / "metrics.json").read_text())
     assert {r["model"] for r in records} == {"dbk-rbf", "knn"} and len(records) == len(table)
     assert {"urban", "rural"} <= {r["group"] for r in records}
-    assert GeoModel.load(run / "models" / "dbk-rbf.pt").info.split == "spatial-block"
+    fitted = GeoModel.load(run / "models" / "dbk-rbf.pt")
+    assert fitted.info.split == "spatial-block" and fitted.inputs.density is not None
+    assert fitted.inputs.feature_names[3:] == fitted.inputs.density.names and fitted.regressor.input_dim == 9
 
     model = str(run / "models" / "knn.pt")
     rc = main(["predict", "--model", model, "--quarter", "2030Q1", "--resolution", "0.05",
