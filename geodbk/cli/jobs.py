@@ -119,7 +119,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--paper-size", action="store_true", help="paper model size and 400-epoch schedule")
     p.add_argument("--no-density", action="store_true",
                    help="coordinates and time only: do not give the models the shipped fixed-broadband "
-                   "tiles' test density (space-time protocol)")
+                   "tiles' test density and speed (space-time protocol)")
     p.add_argument("--seed", type=int, help="seed of the split and the fits (default 0)")
     p.add_argument("--device", help="auto (CUDA if available), cpu or cuda (default auto)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")

@@ -8,8 +8,8 @@ Two protocols:
     (:class:`geodbk.dataset.coords.ProjectedTransform`); t is time in decimal years, scaled so that
     the fitted quarters span [-1, 1]. One model gives the map of any fitted quarter. With a
     density layer (:class:`geodbk.dataset.density.TestDensityCovariates`), X gains its
-    covariates after t: another Ookla layer's test density around the place, known at every
-    map cell.
+    covariates after t: another Ookla layer's test density and speed around the place, known
+    at every map cell.
 ``paper``
     X = (x1, x2): lon/lat scaled by the region's bounding box
     (:class:`geodbk.dataset.coords.CoordinateTransform`) and no time, as in the DBK paper. Kept

@@ -72,7 +72,7 @@ def fit_dataset(
             the tile mean do not change. ``False`` keeps it Gaussian (an ablation).
         density_tiles: another Ookla layer's tiles over the region (the fixed-broadband tiles,
             say): a frame, or files/URLs read by :func:`~geodbk.dataset.density.read_density_tiles`.
-            Their test density around each place becomes model inputs known at every map cell
+            Their test density and speed around each place become model inputs known at every map cell
             (:mod:`geodbk.dataset.density`); space-time protocol. ``None``: coordinates and time only.
         overrides: fields of :class:`~geodbk.models.config.ModelConfig` or
             :class:`~geodbk.models.config.TrainConfig` (``hidden=16``, ``epochs=5``,
