@@ -35,8 +35,8 @@ import pandas as pd
 import shapely
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.dataset.density import read_density_tiles
-from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset, sample_tiles_path
+from geodbk.dataset.density import sample_density_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
@@ -176,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for dataset, models in jobs:
         sets = list(area_sets(dataset, args.eval, args.min_tiles))
-        density = None
-        if demo.density and not args.run:
-            density = read_density_tiles(sample_tiles_path(dataset.region, "fixed"), dataset.region,
-                                         buffer_deg=dataset.buffer_deg)
+        density = sample_density_tiles(dataset) if demo.density and not args.run else None
         print(f"\n## {dataset.region.name}, fitted on the {dataset.split_protocol} split, areas of {args.eval} tiles "
               f"(z sd 1 = calibrated; coverage in %)\n", flush=True)
         for model_name in models:

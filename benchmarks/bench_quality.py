@@ -43,8 +43,8 @@ import pandas as pd
 from peers import PEERS, VARIANTS, fit_peer, missing_peers  # benchmarks/peers.py, beside this script
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.dataset.density import read_density_tiles
-from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset, sample_tiles_path
+from geodbk.dataset.density import sample_density_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.dataset.splits import block_ids
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
@@ -113,9 +113,7 @@ def fit_and_score(
 def density_tiles(dataset: SpatialDataset, demo: DemoConfig) -> pd.DataFrame | None:
     """The region's shipped fixed-broadband tiles when the demo uses a density layer (as the
     demo does by default), else ``None``."""
-    if not demo.density:
-        return None
-    return read_density_tiles(sample_tiles_path(dataset.region, "fixed"), dataset.region, buffer_deg=dataset.buffer_deg)
+    return sample_density_tiles(dataset) if demo.density else None
 
 
 def resampling_units(dataset: SpatialDataset, on: str) -> np.ndarray:

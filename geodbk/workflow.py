@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from geodbk.dataset.density import read_density_tiles
-from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset, sample_tiles_path
+from geodbk.dataset.density import sample_density_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import InputDataError, OutputExistsError
 from geodbk.fileio import (
     RUN_FOLDER,
@@ -348,8 +348,7 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
 
     density = None
     if cfg.density and cfg.protocol == "space-time":
-        fixed = sample_tiles_path(cfg.region, "fixed")
-        density = read_density_tiles(fixed, dataset.region, buffer_deg=dataset.buffer_deg)
+        density = sample_density_tiles(dataset)
         echo(f"density layer: {density['quadkey'].nunique():,} fixed-broadband tiles")
     models: dict[str, GeoModel] = {}
     results: dict[str, pd.DataFrame] = {}

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 
 from geodbk.dataset.coords import ProjectedTransform
+from geodbk.dataset.spatial_dataset import SpatialDataset, sample_tiles_path
 from geodbk.errors import InputDataError
 from geodbk.ingest.quadkey import quadkey_centres
 from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region
@@ -111,7 +112,7 @@ class TestDensityCovariates:
             mbps = tiles["avg_d_kbps"].to_numpy(np.float64) / 1000.0
             known = np.isfinite(mbps) & (mbps >= 0)
             frame["weight"] = np.where(known, tests, 0.0)
-            frame["weighted"] = np.where(known, tests * np.log1p(np.where(known, mbps, 0.0)), 0.0)
+            frame["weighted"] = tests * np.log1p(np.where(known, mbps, 0.0))
         per_tile = frame.groupby("quadkey", sort=True).sum()
         xy_m = projection.to_metres(quadkey_centres(per_tile.index.to_numpy(dtype=object)))
         speed = None
@@ -223,3 +224,10 @@ def read_density_tiles(
     if isinstance(source, pd.DataFrame):
         return source
     return scan_tiles(source, region, buffer_deg=buffer_deg)
+
+
+def sample_density_tiles(dataset: SpatialDataset) -> pd.DataFrame:
+    """The shipped fixed-broadband tiles of a sample dataset's region (Puerto Rico or Hawaii),
+    clipped as the dataset was: the density layer of the demo and the benchmarks."""
+    fixed = sample_tiles_path(dataset.region, "fixed")
+    return read_density_tiles(fixed, dataset.region, buffer_deg=dataset.buffer_deg)
