@@ -29,6 +29,7 @@ from geodbk.dataset.quarters import Quarter
 from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path
+from geodbk.ingest.names import SERVICES
 from geodbk.ingest.ookla import as_tiles
 from geodbk.ingest.quadkey import quadkey_centres
 from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
@@ -427,8 +428,8 @@ SAMPLE_TILES = {("PR", "mobile"): paths.PUERTO_RICO_MOBILE, ("HI", "mobile"): pa
 
 def sample_tiles_path(region: str | Region, service: str = "mobile") -> Path:
     """The shipped ``service`` (``"mobile"`` or ``"fixed"``) tile file of Puerto Rico or Hawaii."""
-    if service not in ("mobile", "fixed"):
-        raise InputDataError(f"service must be 'mobile' or 'fixed', got {service!r}")
+    if service not in SERVICES:
+        raise InputDataError(f"service must be one of {SERVICES}, got {service!r}")
     path = SAMPLE_TILES.get((str(load_region(region).code), service))
     if path is None:
         raise RegionError(f"the shipped sample covers Puerto Rico (PR) and Hawaii (HI) only, not {region!r}")
