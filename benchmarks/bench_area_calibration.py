@@ -35,7 +35,6 @@ import pandas as pd
 import shapely
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.dataset.density import sample_density_tiles
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for dataset, models in jobs:
         sets = list(area_sets(dataset, args.eval, args.min_tiles))
-        density = sample_density_tiles(dataset) if demo.density and not args.run else None
+        density = None if args.run else demo.density_tiles(dataset)
         print(f"\n## {dataset.region.name}, fitted on the {dataset.split_protocol} split, areas of {args.eval} tiles "
               f"(z sd 1 = calibrated; coverage in %)\n", flush=True)
         for model_name in models:

@@ -43,7 +43,6 @@ import pandas as pd
 from peers import PEERS, VARIANTS, fit_peer, missing_peers  # benchmarks/peers.py, beside this script
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.dataset.density import sample_density_tiles
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.dataset.splits import block_ids
 from geodbk.errors import ExtrapolationWarning
@@ -84,10 +83,9 @@ def fit_and_score(
     ``kind`` is a model kind of the zoo or a peer row ``"<peer>:<variant>"`` (space-time
     protocol only). ``measurement_tails=False`` keeps every row's new-measurement distribution
     Gaussian (:mod:`geodbk.fit.tails`; the paper protocol is Gaussian anyway). ``density_tiles``
-    (another layer's tiles, :func:`density_tiles`) go to every space-time fit, peers included.
-    Forecast's test
-    quarter is one quarter ahead of training by design, so its extrapolation warning is
-    silenced here.
+    (another layer's tiles, :meth:`DemoConfig.density_tiles`) go to every space-time fit, peers
+    included. Forecast's test quarter is one quarter ahead of training by design, so its
+    extrapolation warning is silenced here.
     """
     start = time.perf_counter()
     if ":" in kind:
@@ -108,12 +106,6 @@ def fit_and_score(
         scored = model.predict_tiles(rows).measurement()
         per_row = nll_per_row(rows["y"].to_numpy(np.float64), scored)
         return evaluate_on_test(model, dataset, on), seconds, per_row
-
-
-def density_tiles(dataset: SpatialDataset, demo: DemoConfig) -> pd.DataFrame | None:
-    """The region's shipped fixed-broadband tiles when the demo uses a density layer (as the
-    demo does by default), else ``None``."""
-    return sample_density_tiles(dataset) if demo.density else None
 
 
 def resampling_units(dataset: SpatialDataset, on: str) -> np.ndarray:
@@ -152,7 +144,7 @@ def quality_table(
     forecast's test quarter stays the last; only its validation rows change)."""
     rows, nll = [], {}
     base = load_sample_dataset(region, "download")
-    density = density_tiles(base, demo)
+    density = demo.density_tiles(base)
     space_time = expand_models(models) if "space-time" in protocols else []
     runs = [("space-time", split, kind) for split in splits for kind in space_time]
     runs += [("paper", "random", kind) for kind in PAPER_MODELS if "random" in splits and "paper" in protocols]
@@ -252,7 +244,7 @@ def tune(regions: list[str], demo: DemoConfig) -> None:
           "coordinate jitter (m):")
     for region in regions:
         base = load_sample_dataset(region, "download")
-        density = density_tiles(base, demo)
+        density = demo.density_tiles(base)
         for split in ("random", "spatial-block"):
             dataset = base.with_split(split)
             for scales, metres in grid:

@@ -259,6 +259,11 @@ class DemoConfig:
         """The schedule :func:`run_demo` trains with (the preset's; explicit ``epochs`` and ``lr`` win)."""
         return get_protocol(self.protocol).configs(self.preset, **self.overrides())[1]
 
+    def density_tiles(self, dataset: SpatialDataset) -> pd.DataFrame | None:
+        """The density layer this demo gives ``dataset``'s fits: the region's shipped
+        fixed-broadband tiles with ``density`` under the space-time protocol, else ``None``."""
+        return sample_density_tiles(dataset) if self.density and self.protocol == "space-time" else None
+
 
 @dataclass
 class DemoResult:
@@ -346,9 +351,8 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
     wrote(run.dataset)
     seconds["dataset"] = time.perf_counter() - t0
 
-    density = None
-    if cfg.density and cfg.protocol == "space-time":
-        density = sample_density_tiles(dataset)
+    density = cfg.density_tiles(dataset)
+    if density is not None:
         echo(f"density layer: {density['quadkey'].nunique():,} fixed-broadband tiles")
     models: dict[str, GeoModel] = {}
     results: dict[str, pd.DataFrame] = {}
