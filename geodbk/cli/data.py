@@ -134,9 +134,8 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    help="sd of the noise on the training places, metres (default 3000 for space-time; 0 = none)")
     p.add_argument("--density-tiles", nargs="+", default=None, metavar="PATH",
                    help="another Ookla layer over the region (files or URLs, e.g. its fixed-broadband tiles): "
-                   "its test density within 1, 3, 10 and 30 km and mean download speed within 3 and 10 km become "
-                   "model inputs known at every map cell "
-                   "(space-time protocol; default none)")
+                   "its test density and mean download speed around each place (windows in geodbk.dataset.density) "
+                   "become model inputs known at every map cell (space-time protocol; default none)")
     p.add_argument("--epochs", type=int, help="maximum training epochs (default 40; 400 with --paper-size)")
     p.add_argument("--hidden", type=int, help="backbone width h (default 64; 256 with --paper-size)")
     p.add_argument("--rank", type=int, help="basis rank / inducing points r (default 128; 1024 with --paper-size)")
