@@ -130,6 +130,14 @@ def projection_of(dataset: HasFrame) -> ProjectedTransform:
     return ProjectedTransform.from_lonlat(dataset.frame[["lon", "lat"]].to_numpy(np.float64))
 
 
+def projection_and_density(
+    dataset: HasFrame, density_tiles: pd.DataFrame | None
+) -> tuple[ProjectedTransform, TestDensityCovariates | None]:
+    """:func:`projection_of` the dataset, and the density layer of ``density_tiles`` in it (or None)."""
+    projection = projection_of(dataset)
+    return projection, None if density_tiles is None else TestDensityCovariates.from_tiles(density_tiles, projection)
+
+
 def peer_features(
     frame: pd.DataFrame,
     projection: ProjectedTransform,
@@ -300,8 +308,7 @@ def fit_lightgbm(
 
     start = time.perf_counter()
     covariates = VARIANTS[variant]
-    projection = projection_of(dataset)
-    density = None if density_tiles is None else TestDensityCovariates.from_tiles(density_tiles, projection)
+    projection, density = projection_and_density(dataset, density_tiles)
     train, val = _splits(dataset)
     x_train = peer_features(train, projection, covariates, density)
     x_val = peer_features(val, projection, covariates, density).to_numpy()
@@ -369,8 +376,7 @@ def fit_gpboost(
 
     start = time.perf_counter()
     covariates = VARIANTS[variant]
-    projection = projection_of(dataset)
-    density = None if density_tiles is None else TestDensityCovariates.from_tiles(density_tiles, projection)
+    projection, density = projection_and_density(dataset, density_tiles)
     train, val = _splits(dataset)
     features_train = peer_features(train, projection, covariates, density)
     x_train = features_train.to_numpy()

@@ -220,7 +220,12 @@ class ProjectedTransform:
 
     def to_unit(self, lonlat: ArrayLike) -> np.ndarray:
         """``(n, 2)`` lon/lat degrees -> ``(n, 2)`` float64 unit coordinates."""
-        return (self.to_metres(lonlat) - np.array([self.x0, self.y0])) / self.scale_m
+        return self.unit_from_metres(self.to_metres(lonlat))
+
+    def unit_from_metres(self, xy_m: ArrayLike) -> np.ndarray:
+        """``(n, 2)`` projected x/y metres (:meth:`to_metres`) -> ``(n, 2)`` unit coordinates,
+        for a caller that needs both without projecting twice."""
+        return (np.asarray(xy_m, dtype=np.float64).reshape(-1, 2) - np.array([self.x0, self.y0])) / self.scale_m
 
     def to_lonlat(self, xy_unit: ArrayLike) -> np.ndarray:
         """Inverse of :meth:`to_unit`: ``(n, 2)`` unit coordinates -> ``(n, 2)`` lon/lat degrees,

@@ -154,15 +154,17 @@ class InputSpace:
         ``when``: a quarter (``"2023Q4"``), decimal years (scalar or (n,)); ``None`` = the
         latest fitted quarter. Ignored by a time-free model.
         """
-        xy = self.coords.to_unit(lonlat)
+        if self.density is None:
+            xy, density = self.coords.to_unit(lonlat), None
+        else:  # projected once, for both the coordinates and the density windows
+            assert isinstance(self.coords, ProjectedTransform)  # a density comes with the space-time protocol
+            xy_m = self.coords.to_metres(lonlat)
+            xy, density = self.coords.unit_from_metres(xy_m), self.density.columns(xy_m)
         years = self.years(when, len(xy))
         if years is None or self.time is None:  # years is None exactly when time is
             return xy
         X = np.column_stack([xy, self.time.to_unit(years)])
-        if self.density is None:
-            return X
-        assert isinstance(self.coords, ProjectedTransform)  # a density comes with the space-time protocol
-        return np.column_stack([X, self.density.columns(self.coords.to_metres(lonlat))])
+        return X if density is None else np.column_stack([X, density])
 
     @property
     def feature_names(self) -> tuple[str, ...]:
