@@ -53,9 +53,9 @@ def test_window_sums_match_brute_force_to_one_cell(pr_fixed):
         assert np.all(inner <= got + 1e-6) and np.all(got <= outer + 1e-6)
         assert np.mean(inner < outer) > 0.3
     columns = layer.columns(xy_m)
-    assert columns.shape == (300, 6) and np.all(np.diff(columns[:, :4], axis=1) >= 0)  # wider windows hold more
+    assert columns.shape == (300, 7) and np.all(np.diff(columns[:, :4], axis=1) >= 0)  # wider windows hold more
     far = layer.columns(np.array([[1e7, 1e7]]))  # no tile within 30 km: log(1 + 0) / 5 - 1, the mean speed
-    np.testing.assert_allclose(far, [[-1.0] * 4 + [layer.overall_speed - 4.0] * 2])
+    np.testing.assert_allclose(far, [[-1.0] * 4 + [layer.overall_speed - 4.0] * 3])
     mbps = pr_fixed["avg_d_kbps"].to_numpy() / 1000
     assert layer.overall_speed == pytest.approx(np.average(np.log1p(mbps), weights=pr_fixed["tests"]))
     again = TestDensityCovariates.from_dict(layer.to_dict())
@@ -63,20 +63,22 @@ def test_window_sums_match_brute_force_to_one_cell(pr_fixed):
     pickled = pickle.dumps(layer)  # as Dask ships a model: the summed-area table stays behind
     assert "_grid" in layer.__dict__ and len(pickled) < 2 * layer.xy_m.nbytes + 10_000
     np.testing.assert_array_equal(pickle.loads(pickled).columns(xy_m), columns)
-    assert again.names == (*(f"fixed_tests_{r}km" for r in (1, 3, 10, 30)), "fixed_speed_3km", "fixed_speed_10km")
+    assert again.names == (*(f"fixed_tests_{r}km" for r in (1, 3, 10, 30)),
+                           *(f"fixed_speed_{r}km" for r in (1, 3, 10)))
 
 
 def test_a_known_density_is_read_back_at_a_tile():
     """Two tiles of 7 and 5 tests at 100 and 20 Mbps, 1.5 km apart: the 1 km window around the
-    first sees 7 tests, the wider ones 12, at a test-weighted mean ln(1 + Mbps)."""
+    first sees 7 tests at 100 Mbps, the wider ones 12, at a test-weighted mean ln(1 + Mbps)."""
     projection = ProjectedTransform.from_lonlat(np.array([[-66.2, 18.2], [-66.0, 18.4]]))
     a, b = (-66.10, 18.30), (-66.10 + 1500 / 105_700, 18.30)  # 1 degree of longitude: about 105.7 km here
     tiles = pd.DataFrame({"quadkey": lonlat_to_quadkey(np.array([a, b])[:, 0], np.array([a, b])[:, 1]),
                           "tests": [7, 5], "avg_d_kbps": [100_000, 20_000]})
     layer = TestDensityCovariates.from_tiles(tiles, projection)
     at_a = layer.columns(projection.to_metres(np.array([a])))
-    speed = (7 * np.log1p(100) + 5 * np.log1p(20)) / 12
-    np.testing.assert_allclose(at_a, [[np.log1p(7) / 5 - 1] + [np.log1p(12) / 5 - 1] * 3 + [speed - 4] * 2])
+    speed = (7 * np.log1p(100) + 5 * np.log1p(20)) / 12  # the 1 km windows see tile a alone
+    np.testing.assert_allclose(at_a, [[np.log1p(7) / 5 - 1] + [np.log1p(12) / 5 - 1] * 3
+                                      + [np.log1p(100) - 4] + [speed - 4] * 2])
     assert TestDensityCovariates.from_tiles(tiles[["quadkey", "tests"]], projection).speed is None
 
 
@@ -97,8 +99,8 @@ def test_a_fit_with_a_density_layer_keeps_it_through_a_save(pr_two_quarters, tmp
     model = fit_dataset(pr_two_quarters, "dbk-rbf", density_tiles=fixed, epochs=2, progress=False,
                         local_residuals=False, measurement_tails=False)
     assert model.inputs.feature_names == (
-        "x", "y", "t", *(f"fixed_tests_{r}km" for r in (1, 3, 10, 30)), "fixed_speed_3km", "fixed_speed_10km")
-    assert model.regressor.input_dim == 9
+        "x", "y", "t", *(f"fixed_tests_{r}km" for r in (1, 3, 10, 30)), *(f"fixed_speed_{r}km" for r in (1, 3, 10)))
+    assert model.regressor.input_dim == 10
     rows = pr_two_quarters.subset("test")
     lonlat = rows[["lon", "lat"]].to_numpy(np.float64)
     X = model.inputs.features(lonlat, "2023Q4")

@@ -324,7 +324,7 @@ def test_cli_fit_then_predict_warns_and_rejects_bad_quarters(small_pr_file, tmp_
     assert {"urban", "rural"} <= {r["group"] for r in records}
     fitted = GeoModel.load(run / "models" / "dbk-rbf.pt")
     assert fitted.info.split == "spatial-block" and fitted.inputs.density is not None
-    assert fitted.inputs.feature_names[3:] == fitted.inputs.density.names and fitted.regressor.input_dim == 9
+    assert fitted.inputs.feature_names[3:] == fitted.inputs.density.names and fitted.regressor.input_dim == 10
 
     model = str(run / "models" / "knn.pt")
     rc = main(["predict", "--model", model, "--quarter", "2030Q1", "--resolution", "0.05",

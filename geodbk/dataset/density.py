@@ -47,10 +47,12 @@ from geodbk.ingest.scan import scan_tiles
 #: 0.814; 3 km 0.731 / 0.810; 2, 5, 20 km 0.736 / 0.800; 1, 3, 10 km 0.732 / 0.793; these four
 #: 0.732 / 0.786, with HI random 0.572 against 0.568 with none and HI forecast 0.555 against 0.558.
 DENSITY_RADII_M: tuple[float, ...] = (1000.0, 3000.0, 10000.0, 30000.0)
-#: Half-sides of the speed covariates' windows, metres. With them (dbk-rbf validation NLL,
-#: spatial-block, three seeds): HI 0.785 against 0.792 with the counts alone, PR 0.738 against
-#: 0.740; seed 0: HI random 0.571 against 0.572, HI forecast 0.555 against 0.555.
-SPEED_RADII_M: tuple[float, ...] = (3000.0, 10000.0)
+#: Half-sides of the speed covariates' windows, metres. With 3 and 10 km (dbk-rbf validation
+#: NLL, spatial-block, three seeds): HI 0.785 against 0.792 with the counts alone, PR 0.738
+#: against 0.740. Adding 1 km: spatial-block HI 0.775 (each seed lower), PR 0.737; seed 0,
+#: random PR 0.458 / HI 0.573 and forecast PR 0.439 / HI 0.555 (against 0.558), the others
+#: unchanged to 0.0004. Adding 30 km instead: HI 0.790, PR 0.737.
+SPEED_RADII_M: tuple[float, ...] = (1000.0, 3000.0, 10000.0)
 #: Side of the summed-area table's cells, metres.
 CELL_M = 250.0
 #: Most cells the table may have; a wider layer gets larger cells.
