@@ -69,6 +69,8 @@ class SpatialDataset:
         buffer_deg: region buffer used when clipping, degrees.
         split_protocol: how rows were split (:data:`geodbk.dataset.splits.SPLIT_PROTOCOLS`).
         block_m: block side of the ``spatial-block`` protocol, metres.
+        extra_targets: further targets of the same rows (``("upload",)`` beside download), in
+            columns ``value_<target>`` and ``y_<target>``; see :meth:`for_target`.
     """
 
     frame: gpd.GeoDataFrame
@@ -82,6 +84,28 @@ class SpatialDataset:
     buffer_deg: float = DEFAULT_BUFFER_DEG
     split_protocol: str = "random"
     block_m: float = DEFAULT_BLOCK_M
+    extra_targets: tuple[str, ...] = ()
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """Every target of the rows, the first in ``value``/``y``: ``("download", "upload")``."""
+        return (self.target, *self.extra_targets)
+
+    def for_target(self, target: str) -> SpatialDataset:
+        """The one-target dataset of ``target`` (its values in ``value``/``y``), same rows and split.
+
+        Raises:
+            InputDataError: for a target the dataset does not hold.
+        """
+        if target == self.target and not self.extra_targets:
+            return self
+        if target not in self.targets:
+            raise InputDataError(f"the dataset holds {', '.join(self.targets)}, not {target!r}")
+        columns = {column: target_column(self.target, target, column) for column in ("value", "y")}
+        frame = self.frame.drop(columns=[target_column(self.target, t, c) for t in self.extra_targets for c in columns])
+        for column, source in columns.items():
+            frame[column] = self.frame[source]
+        return replace(self, frame=frame, target=target, units=TARGETS[target][2], extra_targets=())
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -186,6 +210,7 @@ class SpatialDataset:
             "buffer_deg": float(self.buffer_deg),
             "split_protocol": self.split_protocol,
             "block_m": float(self.block_m),
+            "extra_targets": list(self.extra_targets),
         }
 
     def save(self, path: str | Path, *, geometry_from: str | Path | None = None) -> Path:
@@ -268,7 +293,32 @@ class SpatialDataset:
             buffer_deg=float(meta["buffer_deg"]),
             split_protocol=meta.get("split_protocol", "random"),
             block_m=float(meta.get("block_m", DEFAULT_BLOCK_M)),
+            extra_targets=tuple(meta.get("extra_targets", ())),
         )
+
+
+def target_column(first: str, target: str, column: str = "y") -> str:
+    """The column of ``target``'s ``column`` (``"y"``, log10, or ``"value"``) in a frame whose first
+    target is ``first``: ``y`` for the first, ``y_<target>`` for the others."""
+    return column if target == first else f"{column}_{target}"
+
+
+def parse_targets(target: str | Sequence[str]) -> tuple[str, ...]:
+    """``"download,upload"`` or ``["download", "upload"]`` -> ``("download", "upload")``: known,
+    distinct targets of one unit (speeds or latency; a dataset's rows hold one unit).
+
+    Raises:
+        InputDataError: otherwise, in one line.
+    """
+    names = [t.strip() for t in target.split(",")] if isinstance(target, str) else [str(t) for t in target]
+    unknown = [t for t in names if t not in TARGETS]
+    if not names or unknown:
+        raise InputDataError(f"target must be one or more of {sorted(TARGETS)} separated by commas, got {target!r}")
+    if len(set(names)) != len(names):
+        raise InputDataError(f"target names a target twice: {target!r}")
+    if len({TARGETS[t][2] for t in names}) > 1:
+        raise InputDataError(f"targets {', '.join(names)} have different units; ingest them as separate datasets")
+    return tuple(names)
 
 
 def parse_quarters(quarters: str | Sequence[str | tuple[int, int]] | None) -> list[tuple[int, int]] | None:
@@ -309,7 +359,7 @@ def build_dataset(
     tiles: gpd.GeoDataFrame | str | Path | Sequence[str | Path],
     region: str | Path | Region,
     *,
-    target: str = "download",
+    target: str | Sequence[str] = "download",
     quarters: str | Sequence[str | tuple[int, int]] | None = None,
     seed: int = 0,
     split: str = "random",
@@ -327,7 +377,10 @@ def build_dataset(
             files and URLs are streamed (:func:`geodbk.ingest.scan.scan_tiles`), so that only
             the region's rows are held in memory.
         region: state name / USPS / FIPS, polygon file, or :class:`Region`.
-        target: ``"download"`` (Mbps), ``"upload"`` (Mbps) or ``"latency"`` (ms).
+        target: ``"download"`` (Mbps), ``"upload"`` (Mbps) or ``"latency"`` (ms), or several of
+            one unit (``"download,upload"``): the first in ``value``/``y``, the others in
+            ``value_<target>``/``y_<target>`` (:attr:`SpatialDataset.extra_targets`); a row is
+            kept when every target has a positive value.
         quarters: keep only these, e.g. ``"2023Q1,2023Q4"``; ``None`` keeps all.
         seed: seed of the 8:1:1 train/val/test assignment.
         split: ``"random"`` (rows; a tile's other quarters can land in train), ``"spatial-block"``
@@ -349,8 +402,8 @@ def build_dataset(
         InputDataError: unknown target, missing columns or key values, no rows for a quarter.
         RegionError: unknown region or nothing left after clipping.
     """
-    if target not in TARGETS:
-        raise InputDataError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
+    targets = parse_targets(target)
+    target = targets[0]
     column, divisor, units = TARGETS[target]
     region = load_region(region)
     wanted = parse_quarters(quarters)
@@ -367,14 +420,14 @@ def build_dataset(
         )
         dropped = dict(clipped.attrs["dropped"])
 
-    raw = clipped[column].to_numpy(dtype=np.float64)
-    missing = np.isnan(raw)
-    non_positive = ~missing & (raw <= 0)
+    raw = np.column_stack([clipped[TARGETS[t][0]].to_numpy(dtype=np.float64) for t in targets])
+    missing = np.isnan(raw).any(1)
+    non_positive = ~missing & (raw <= 0).any(1)
     dropped["missing_value"] = int(missing.sum())
     dropped["zero_value"] = int(non_positive.sum())
     kept = clipped[~(missing | non_positive)]
     if len(kept) == 0:
-        raise InputDataError(f"no tiles with a positive {target} value in {region.name}")
+        raise InputDataError(f"no tiles with a positive {' and '.join(targets)} value in {region.name}")
 
     kept = kept.sort_values(["year", "quarter", "quadkey"], kind="stable").reset_index(drop=True)
     tagged, route = tag_urban_rural(kept, urban_areas=urban_areas, threshold=urban_threshold, cache_dir=cache_dir)
@@ -404,6 +457,10 @@ def build_dataset(
         geometry=tagged.geometry.to_numpy(),
         crs=4326,
     )
+    for extra in targets[1:]:
+        extra_value = tagged[TARGETS[extra][0]].to_numpy(dtype=np.float64) / TARGETS[extra][1]
+        frame[target_column(target, extra, "value")] = extra_value
+        frame[target_column(target, extra)] = np.log10(extra_value)
     for col in ("quadkey", "service", "urban_rural", "split"):
         frame[col] = frame[col].astype("str")
     return SpatialDataset(
@@ -418,6 +475,7 @@ def build_dataset(
         buffer_deg=buffer_deg,
         split_protocol=split,
         block_m=float(block_m),
+        extra_targets=targets[1:],
     )
 
 
@@ -438,7 +496,7 @@ def sample_tiles_path(region: str | Region, service: str = "mobile") -> Path:
 
 def load_sample_dataset(
     region: str = "PR",
-    target: str = "download",
+    target: str | Sequence[str] = "download",
     quarters: str | Sequence[str | tuple[int, int]] | None = None,
     **kw,
 ) -> SpatialDataset:

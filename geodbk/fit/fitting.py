@@ -7,6 +7,8 @@ caller's overrides. The CLI, the demo and the benchmarks pass their options thro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,12 +18,14 @@ import shapely
 from geodbk.dataset.density import DensitySource, read_density_tiles
 from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.quarters import quarter_years
-from geodbk.dataset.spatial_dataset import SpatialDataset
+from geodbk.dataset.spatial_dataset import SpatialDataset, target_column
+from geodbk.errors import InputDataError
 from geodbk.fit.geomodel import GeoModel
 from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol
 from geodbk.fit.regressor import Regressor
 from geodbk.fit.residuals import ResidualField
 from geodbk.fit.tails import fit_measurement_tails
+from geodbk.fit.targets import fit_target_correlation
 from geodbk.fit.train import fit_arrays
 from geodbk.fit.validation_areas import AreaGroups, square_areas
 from geodbk.models.zoo import get_model_spec
@@ -31,6 +35,7 @@ def fit_dataset(
     dataset: SpatialDataset,
     kind: str = "dbk-rbf",
     *,
+    targets: Sequence[str] | None = None,
     protocol: str | Protocol = "space-time",
     preset: str = "cpu",
     min_wavelength_m: float = MIN_WAVELENGTH_M,
@@ -47,6 +52,11 @@ def fit_dataset(
     Args:
         dataset: the tiles.
         kind: a model-zoo name.
+        targets: which of the dataset's targets to fit (default all of them). With two
+            (download and upload), each is fitted as one is, on the same rows, and the
+            correlation of their errors is chosen on the validation rows
+            (:func:`~geodbk.fit.targets.fit_target_correlation`): one :class:`GeoModel` with
+            :attr:`~GeoModel.others` and :attr:`~GeoModel.correlation`.
         protocol: ``"space-time"`` (projected data-scaled coordinates + time, test-count
             noise, positional encoding, local residual field, conjugate posterior) or
             ``"paper"`` (region-box coordinates only); see :mod:`geodbk.fit.protocol`.
@@ -78,6 +88,42 @@ def fit_dataset(
             :class:`~geodbk.models.config.TrainConfig` (``hidden=16``, ``epochs=5``,
             ``progress=False``, ...); ``None`` values are ignored.
     """
+    chosen = dataset.targets if targets is None else tuple(targets)
+    if not chosen or len(chosen) > 2 or any(t not in dataset.targets for t in chosen):
+        raise InputDataError(f"targets must be one or two of the dataset's {', '.join(dataset.targets)}, "
+                             f"got {', '.join(chosen) or 'none'}")
+    settings = dict(
+        protocol=protocol, preset=preset, min_wavelength_m=min_wavelength_m, coordinate_jitter_m=coordinate_jitter_m,
+        local_residuals=local_residuals, area_criterion=area_criterion, conjugate_posterior=conjugate_posterior,
+        measurement_tails=measurement_tails, density_tiles=density_tiles, **overrides,
+    )
+    models = [_fit_target(dataset.for_target(target), kind, **settings) for target in chosen]
+    if len(models) == 1:
+        return models[0]
+    val = dataset.subset("val")
+    first, second = models
+    y_first, y_second = (val[target_column(dataset.target, t)].to_numpy(np.float64) for t in chosen)
+    correlation = fit_target_correlation(
+        (chosen[0], chosen[1]), y_first, first.predict_tiles(val), y_second, second.predict_tiles(val))
+    return replace(first, others={chosen[1]: second}, correlation=correlation)
+
+
+def _fit_target(
+    dataset: SpatialDataset,
+    kind: str,
+    *,
+    protocol: str | Protocol,
+    preset: str,
+    min_wavelength_m: float,
+    coordinate_jitter_m: float | None,
+    local_residuals: bool,
+    area_criterion: bool,
+    conjugate_posterior: bool,
+    measurement_tails: bool,
+    density_tiles: DensitySource | None,
+    **overrides: Any,
+) -> GeoModel:
+    """:func:`fit_dataset` of a one-target dataset."""
     rules = get_protocol(protocol)
     density = None if density_tiles is None else read_density_tiles(
         density_tiles, dataset.region, buffer_deg=dataset.buffer_deg

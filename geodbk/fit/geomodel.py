@@ -35,13 +35,18 @@ from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time
 from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.quarters import Quarter, quarter_years
 from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.fit.posterior import MapPosterior
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
+from geodbk.fit.sites import map_posterior
 from geodbk.fit.tails import MeasurementTails
+from geodbk.fit.targets import TargetCorrelation
+from geodbk.fit.updates import condition_on_rows
 from geodbk.ingest.quadkey import OOKLA_ZOOM
 from geodbk.ingest.regions import Region
 from geodbk.maps.geometry import RegionLike, RegularGrid, area_sample
 from geodbk.maps.predict import predict_grid
+from geodbk.maps.thresholds import DEFAULT
 from geodbk.prediction import ChangePrediction, Prediction
 
 _FORMAT = "geodbk.fit.geomodel/2"
@@ -69,6 +74,10 @@ class GeoModel:
             :meth:`distance_to_data`), or ``None``.
         residuals: the local residual field added to the regressor's predictions, or ``None``.
         tails: the family of a new measurement (chosen on validation rows), or ``None``: Gaussian.
+        others: the models of the dataset's other targets (upload beside download), fitted on the
+            same rows; empty for a one-target model. See :attr:`targets`.
+        correlation: the correlation of the two targets' errors (chosen on validation rows), or
+            ``None`` for a one-target model.
     """
 
     regressor: Regressor
@@ -77,11 +86,50 @@ class GeoModel:
     support: np.ndarray | None = None
     residuals: ResidualField | None = None
     tails: MeasurementTails | None = None
+    others: dict[str, GeoModel] = field(default_factory=dict)
+    correlation: TargetCorrelation | None = None
     _support_index: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def kind(self) -> str:
         return self.regressor.kind
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The targets this model predicts: ``("download",)``, or ``("download", "upload")`` for a
+        model fitted on a two-target dataset (``geodbk ingest --target download,upload``)."""
+        return (self.info.target, *self.others)
+
+    def for_target(self, target: str) -> GeoModel:
+        """The one-target model of ``target`` (this model for its own target).
+
+        Raises:
+            InputDataError: for a target the model was not fitted on.
+        """
+        if target == self.info.target:
+            return self if not self.others else replace(self, others={}, correlation=None)
+        if target not in self.others:
+            raise InputDataError(f"the {self.kind} model predicts {', '.join(self.targets)}, not {target!r}")
+        return self.others[target]
+
+    def posterior(
+        self, lonlat: np.ndarray, time: TimeLike = None, *, groups: np.ndarray | None = None,
+        n_groups: int | None = None, weights: np.ndarray | None = None, covariance: bool = True,
+    ) -> MapPosterior:
+        """The joint Gaussian of the model's targets (log10 units) at points ``lonlat`` (n, 2)
+        degrees and one quarter ``time``, or at the weighted means of their ``groups`` (n,)
+        integers in [0, n_groups) (hexagons, polygons): a :class:`~geodbk.fit.posterior.MapPosterior`
+        with the measurement likelihood of new tests there (:mod:`geodbk.fit.sites`).
+        ``covariance=False`` keeps each site's own distribution only (cheap, for marginals)."""
+        self._require_kernel()
+        return map_posterior(self, lonlat, time, groups=groups, n_groups=n_groups, weights=weights,
+                             covariance=covariance)
+
+    def condition(self, rows: pd.DataFrame) -> GeoModel:
+        """This model conditioned on new tile rows without a refit (:func:`~geodbk.fit.updates.condition_on_rows`):
+        ``rows`` has columns lon, lat, year, quarter, tests and ``y`` (log10 of the first target;
+        ``y_<target>`` for the others). Returns a new model; this one is unchanged."""
+        return condition_on_rows(self, rows)
 
     @property
     def has_kernel(self) -> bool:
@@ -422,7 +470,9 @@ class GeoModel:
             allow_extrapolation: ``False`` refuses an area or quarter outside the fitted domain
                 (:meth:`check_domain`) before predicting; ``True`` predicts, with a warning.
             kwargs: go to :func:`geodbk.maps.predict.predict_grid` (``refs``, ``threshold``,
-                ``max_distance``, ``chunk_rows``, ``store``, ``progress``, ``client``).
+                ``benchmark``, ``max_distance``, ``chunk_rows``, ``store``, ``progress``, ``client``);
+                a model of download and upload maps ``p_meets`` of the service's FCC pair unless
+                ``benchmark`` says otherwise (``None``: no such layers).
 
         Returns:
             float32 layers of dims ``(y, x)`` or ``(time, y, x)``, CRS in ``spatial_ref``.
@@ -430,11 +480,16 @@ class GeoModel:
         grid = RegularGrid.over(self.fitted_region() if region is None else region, resolution, crs=crs)
         if not allow_extrapolation:
             self.check_domain(grid.geometry, quarters, change)
+        kwargs.setdefault("benchmark", DEFAULT if self.targets == ("download", "upload") else None)
         return predict_grid(self, grid, time=self.map_time(quarters), change=self.change_span(change), **kwargs)
 
     def save(self, path: str | Path) -> None:
-        """Write the model, input space, meta and training tile locations to one torch file."""
-        payload = {
+        """Write the model, input space, meta and training tile locations (and those of the other
+        targets, with their correlation) to one torch file."""
+        write_payload(self._payload(), path)
+
+    def _payload(self) -> dict[str, Any]:
+        return {
             "format": _FORMAT,
             "regressor": self.regressor.to_payload(),
             "inputs": self.inputs.to_dict(),
@@ -442,13 +497,17 @@ class GeoModel:
             "support": None if self.support is None else torch.tensor(np.array(self.support), dtype=torch.float64),
             "residuals": None if self.residuals is None else self.residuals.to_payload(),
             "tails": None if self.tails is None else self.tails.to_payload(),
+            "others": {target: model._payload() for target, model in self.others.items()},
+            "correlation": None if self.correlation is None else self.correlation.to_dict(),
         }
-        write_payload(payload, path)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> GeoModel:
         """Read a file written by :meth:`save` (or a first-format, time-free model file)."""
-        payload = read_payload(path, device)
+        return cls._from_payload(read_payload(path, device), path, device)
+
+    @classmethod
+    def _from_payload(cls, payload: dict[str, Any], path: str | Path, device: str | torch.device) -> GeoModel:
         kind = payload.get("format")
         if kind == "geodbk.fit.geomodel/1":
             inputs = InputSpace(CoordinateTransform.from_dict(payload["transform"]), None, "paper")
@@ -457,6 +516,7 @@ class GeoModel:
         else:
             raise InputDataError(f"{path} is not a geodbk GeoModel file")
         support, residuals, tails = payload.get("support"), payload.get("residuals"), payload.get("tails")
+        correlation = payload.get("correlation")  # None for a one-target model
         return cls(
             regressor=Regressor.from_payload(payload["regressor"], device),
             inputs=inputs,
@@ -464,4 +524,7 @@ class GeoModel:
             support=None if support is None else support.cpu().numpy(),
             residuals=None if residuals is None else ResidualField.from_payload(residuals),
             tails=None if tails is None else MeasurementTails.from_payload(tails),
+            others={target: cls._from_payload(other, path, device)
+                    for target, other in payload.get("others", {}).items()},
+            correlation=None if correlation is None else TargetCorrelation.from_dict(correlation),
         )

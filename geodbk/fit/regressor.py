@@ -228,6 +228,22 @@ class Regressor:
         return self.model.posterior_factors(self._tensor(X)).double()
 
     @torch.no_grad()
+    def low_rank_factor(self, X: np.ndarray, batch_size: int = 65536) -> np.ndarray:
+        """U (n, p) with Cov_q(f(X_i), f(X_j)) = U_i . U_j for i != j, in target units (for a basis
+        GP, ``y_std L^T phi(x)``): the part of the joint posterior that places share.
+
+        Raises:
+            InputDataError: for a model whose posterior is not purely low-rank (knn, dnn, or an
+                inducing-point kind with a Nystrom residual).
+        """
+        X = as_inputs(X, self.input_dim)
+        probe = self._factors(X[:1])
+        if probe.minus is not None or probe.rbf_inputs is not None:
+            raise InputDataError(f"the {self.kind} model's joint posterior is not low-rank; use a basis GP (dbk-*)")
+        width = probe.plus.shape[-1]
+        return self._batched(len(X), batch_size, lambda rows: self._factors(X[rows]).plus, width) * self.y_std
+
+    @torch.no_grad()
     def difference_variance(self, X_from: np.ndarray, X_to: np.ndarray, batch_size: int = 65536) -> np.ndarray:
         """Var_q[f(X_to_i) - f(X_from_i)] of the latent function, (n,) in target units^2.
 

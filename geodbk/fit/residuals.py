@@ -204,6 +204,23 @@ class ResidualField:
             mean[rows], var[rows], _ = self._solve(self._geometry(lonlat[rows], years[rows]), self.kernel)
         return mean, var
 
+    def with_rows(
+        self, lonlat: np.ndarray, years: np.ndarray, residual: np.ndarray, noise_var: np.ndarray, test_var: np.ndarray
+    ) -> ResidualField:
+        """A new field conditioned on these rows too, with the same kernel, forecast rate and
+        volatility: what :meth:`fit` builds from training rows, given the new rows' tile centres
+        (n, 2) degrees, years (n,), residuals y - mu_GP, tile-mean and test-count variances (n,)."""
+        assert self.test_var is not None  # set by __post_init__
+        xy = self.projection.to_metres(tile_centres(np.asarray(lonlat, np.float64).reshape(-1, 2)))
+        return ResidualField(
+            self.kernel, self.projection, np.concatenate([self.xy_m, xy]),
+            *(np.concatenate([old, np.asarray(new, np.float64)]) for old, new in (
+                (self.years, years), (self.residual, residual), (self.noise_var, noise_var))),
+            NEIGHBOURS if self.neighbours == len(self.residual) else self.neighbours,
+            self.horizon_rate, np.concatenate([self.test_var, np.asarray(test_var, np.float64)]),
+            self.metres_per_year, self.volatility,
+        )
+
     def horizon_factor(self, years: np.ndarray | float) -> np.ndarray:
         """``1 + horizon_rate * max(t - t_last, 0)`` for times ``years`` (any shape), decimal years:
         the factor on a forecast's predictive (co)variance, 1 inside the training period and
