@@ -173,3 +173,19 @@ def test_cli_update_conditions_a_model_file(model, dataset, tmp_path):
     assert loaded.targets == model.targets
     assert loaded.info.n_train > model.info.n_train
     assert len(loaded.for_target("upload").residuals.residual) > len(model.for_target("upload").residuals.residual)
+
+
+def test_maps_of_a_two_target_model_have_p_meets(model):
+    grid = model.grid(0.05, quarters="all", change=("2023Q2", "2023Q4"), progress=False)
+    assert {"p_meets", "mean_upload_mbps", "p_meets_change"} <= set(grid.data_vars)
+    upload = model.for_target("upload").grid(0.05, quarters="all", progress=False)
+    inside = np.isfinite(grid["mean"].values)
+    levels = Benchmark.parse("35/3").log10_levels
+    expected = probability_both_above(grid["mean"].values[inside], grid["sd"].values[inside],
+                                      upload["mean"].values[inside], upload["sd"].values[inside],
+                                      model.correlation.tile, *levels)
+    np.testing.assert_allclose(grid["p_meets"].values[inside], expected, atol=1e-5)
+    last, first = grid["p_meets"].sel(time=grid["time"][-1]).values, grid["p_meets"].sel(time=grid["time"][0]).values
+    cells = np.isfinite(last)
+    np.testing.assert_allclose(grid["p_meets_change"].values[cells], (last - first)[cells], atol=1e-5)
+    assert "p_meets" not in upload.data_vars  # a one-target model maps no pair

@@ -23,7 +23,9 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--quarter", type=int, choices=(1, 2, 3, 4), help="... and quarter")
     p.add_argument("--region", default="PR",
                    help="state name, USPS code or FIPS code, or a polygon file (default PR)")
-    p.add_argument("--target", choices=("download", "upload", "latency"), default="download")
+    p.add_argument("--target", default="download", metavar="TARGET[,TARGET]",
+                   help="download (default), upload or latency, or download,upload: both speeds of each tile, "
+                   "so that `geodbk fit` writes one model of the pair and P(meets a download/upload benchmark)")
     p.add_argument("--quarters", help="comma-separated quarters to keep, e.g. 2023Q1,2023Q4 (default all)")
     p.add_argument("--urban-areas", metavar="PATH_OR_URL",
                    help="Census 2020 Urban Area polygons (default: county urban share)")

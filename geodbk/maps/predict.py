@@ -36,7 +36,7 @@ from geodbk.fileio import ZARR_STORE, check_output
 from geodbk.maps.geometry import CellLocator, RegionLike, RegularGrid
 from geodbk.maps.schema import GridLayers, SpatialPredictor, grid_template
 from geodbk.maps.stores import BlockSink, MemorySink, NetCDFSink, ZarrRegions, ZarrSink
-from geodbk.maps.thresholds import DEFAULT
+from geodbk.maps.thresholds import DEFAULT, Benchmark
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from distributed import Client
@@ -52,6 +52,7 @@ def predict_grid(
     time: str | Sequence[str] | None = None,
     change: tuple[str, str] | None = None,
     threshold: float | str | None = DEFAULT,
+    benchmark: str | Benchmark | None = None,
     max_distance: float | None = None,
     chunk_rows: int | None = None,
     store: str | Path | None = None,
@@ -83,6 +84,10 @@ def predict_grid(
         ``p_below`` = P(tile-mean value < threshold), threshold in data units (Mbps); the
         default is the FCC benchmark for the model's service and target
         (:mod:`geodbk.maps.thresholds`); ``None`` leaves the layer out.
+    benchmark
+        a download/upload pair (``"35/3"``, :class:`~geodbk.maps.thresholds.Benchmark`, or
+        ``"default"``: the service's FCC pair) for the ``p_meets`` layers of a model of both
+        speeds (see :mod:`geodbk.maps.schema`); ``None`` leaves them out.
     max_distance
         Leave cells farther than this many metres from any training tile as NaN.
     chunk_rows
@@ -115,7 +120,8 @@ def predict_grid(
         Variables as listed in :mod:`geodbk.maps.schema`, float32, NaN outside the region, with
         CF attributes and the CRS in a ``spatial_ref`` coordinate (rioxarray convention).
     """
-    layers = GridLayers.for_model(model, time=time, threshold=threshold, change=change, refs=refs)
+    layers = GridLayers.for_model(model, time=time, threshold=threshold, change=change, refs=refs,
+                                  benchmark=benchmark)
     if chunk_rows is None:
         rows_per_block = max(1, grid.default_chunk_rows() // len(layers.quarters))
     else:

@@ -15,6 +15,10 @@ Per quarter, dims ``(y, x)``, or ``(time, y, x)`` when several quarters are mapp
 ``upper_<u>``             10 ** (mean + 1.959964 sd)
 ``p_below``               P(tile-mean value < threshold) (when there is a threshold;
                           defaults in :mod:`geodbk.maps.thresholds`)
+``p_meets``               P(tile-mean download >= D and upload >= U) for a benchmark
+                          pair D/U, under the two targets' joint distribution (models of
+                          both speeds, given a ``benchmark``)
+``mean_upload_mbps``      the other target's median, 10 ** its mean (with ``p_meets``)
 ========================  =======================================================
 
 Between two quarters (``change``), dims ``(y, x)``; GP models only:
@@ -24,6 +28,7 @@ Between two quarters (``change``), dims ``(y, x)``; GP models only:
 ``change_sd``             its standard deviation under the joint posterior
 ``p_increase``            P(f(x, t_to) > f(x, t_from))
 ``change_<u>``            10 ** mean(t_to) - 10 ** mean(t_from), data units
+``p_meets_change``        P(meets) at t_to minus P(meets) at t_from (with ``p_meets``)
 ========================  =======================================================
 
 ``kernel_slice`` (dims ``(ref, y, x)``): the prior kernel k(x, x_ref) in log10 units
@@ -57,8 +62,8 @@ import xarray as xr
 from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.quarters import Quarter
 from geodbk.errors import InputDataError, ResourceLimitError
-from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, resolve_threshold
-from geodbk.prediction import Z95, probability_below, to_data_units
+from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, Benchmark, default_benchmark, resolve_threshold
+from geodbk.prediction import Z95, probability_below, probability_both_above, to_data_units
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.maps.geometry import RegularGrid
@@ -143,6 +148,9 @@ class GridLayers:
         change: ``(from, to)`` quarters of the change layers, or ``None``.
         ref_names: names of the kernel-slice reference points.
         ref_lonlat: (k, 2) their lon/lat in degrees, or ``None``.
+        benchmark: the download/upload pair of the ``p_meets`` layers, or ``None``.
+        other_target: the second target (``"upload"``) of a ``p_meets`` grid.
+        correlation: the two targets' tile-mean error correlation of a ``p_meets`` grid.
     """
 
     target: str
@@ -153,6 +161,9 @@ class GridLayers:
     change: tuple[str, str] | None = None
     ref_names: tuple[str, ...] = ()
     ref_lonlat: np.ndarray | None = None
+    benchmark: Benchmark | None = None
+    other_target: str | None = None
+    correlation: float = 0.0
 
     @classmethod
     def for_model(
@@ -163,8 +174,10 @@ class GridLayers:
         threshold: float | str | None = DEFAULT,
         change: tuple[str, str] | Sequence[str] | None = None,
         refs: Mapping[str, tuple[float, float]] | None = None,
+        benchmark: str | Benchmark | None = None,
     ) -> GridLayers:
-        """Resolve the grid's contents for ``model`` (see :func:`geodbk.maps.predict.predict_grid`)."""
+        """Resolve the grid's contents for ``model`` (see :func:`geodbk.maps.predict.predict_grid`).
+        A ``benchmark`` needs a model of download and upload (``model.targets``, ``model.correlation``)."""
         info = model.info
         has_kernel = model.has_kernel
         latest = model.latest_quarter
@@ -203,9 +216,16 @@ class GridLayers:
             ref_lonlat = np.asarray([tuple(map(float, refs[n])) for n in names], dtype=np.float64)
             if ref_lonlat.shape != (len(names), 2) or not np.isfinite(ref_lonlat).all():
                 raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
+        pair_levels, other, rho = None, None, 0.0
+        if benchmark is not None:
+            if tuple(model.targets) != ("download", "upload"):
+                raise InputDataError(f"p_meets maps need a model of download and upload; the {info.kind} model "
+                                     f"predicts {', '.join(model.targets)}")
+            pair_levels = default_benchmark(info.service) if benchmark == DEFAULT else Benchmark.parse(benchmark)
+            other, rho = "upload", float(model.correlation.tile)
         return cls(
             info.target, info.units, quarters, stacked, level,
-            pair, names, ref_lonlat,  # type: ignore[arg-type]
+            pair, names, ref_lonlat, pair_levels, other, rho,  # type: ignore[arg-type]
         )
 
     @property
@@ -220,10 +240,14 @@ class GridLayers:
 
     def per_quarter_names(self) -> list[str]:
         names = ["mean", "sd", "pi_width", f"mean_{self.key}", f"lower_{self.key}", f"upper_{self.key}"]
-        return names + (["p_below"] if self.threshold is not None else [])
+        names += ["p_below"] if self.threshold is not None else []
+        return names + (["p_meets", f"mean_{self.other_target}_{self.key}"] if self.benchmark is not None else [])
 
     def change_names(self) -> list[str]:
-        return [] if self.change is None else ["change", "change_sd", "p_increase", f"change_{self.key}"]
+        if self.change is None:
+            return []
+        names = ["change", "change_sd", "p_increase", f"change_{self.key}"]
+        return names + (["p_meets_change"] if self.benchmark is not None else [])
 
     def variables(self) -> dict[str, tuple[Dims, dict[str, Any]]]:
         """``{name: (dims, CF attributes)}`` of every variable, in order."""
@@ -245,6 +269,14 @@ class GridLayers:
                 "threshold_units": u,
                 "threshold_source": THRESHOLD_SOURCE,
             }
+        if self.benchmark is not None:
+            per_quarter["p_meets"] = {
+                "long_name": f"probability that the tile-mean download and upload speeds meet {self.benchmark} {u}",
+                "units": "1", "benchmark": str(self.benchmark), "benchmark_units": u,
+                "correlation": self.correlation, "threshold_source": THRESHOLD_SOURCE,
+            }
+            per_quarter[f"mean_{self.other_target}_{self.key}"] = {
+                "long_name": f"predicted median {self.other_target} speed", "units": u}
         dims: Dims = ("time", "y", "x") if self.stacked else ("y", "x")
         out = {name: (dims, attrs) for name, attrs in per_quarter.items()}
         if self.change is not None:
@@ -258,6 +290,10 @@ class GridLayers:
                                                "quarter_from": start, "quarter_to": end})
             out[f"change_{self.key}"] = (("y", "x"), {"long_name": f"change of the median {what} {span}", "units": u,
                                                        "quarter_from": start, "quarter_to": end})
+            if self.benchmark is not None:
+                out["p_meets_change"] = (("y", "x"), {
+                    "long_name": f"change of the probability of meeting {self.benchmark} {u} {span}", "units": "1",
+                    "quarter_from": start, "quarter_to": end})
         if self.ref_lonlat is not None:
             attrs = {"long_name": "prior kernel k(x, x_ref) between each cell and the reference point",
                      "units": f"log10({u})^2"}
@@ -301,7 +337,10 @@ class GridLayers:
         """Every variable at ``lonlat`` (m, 2) degrees: (m,), or (T, m) / (k, m) with a lead dim."""
         per_quarter: dict[str, list[np.ndarray]] = {name: [] for name in self.per_quarter_names()}
         m = len(lonlat)
-        for pred in model.predict_series(lonlat, self.quarters):
+        others = [None] * len(self.quarters)
+        if self.other_target is not None:
+            others = model.for_target(self.other_target).predict_series(lonlat, self.quarters)
+        for pred, other in zip(model.predict_series(lonlat, self.quarters), others, strict=True):
             mean = np.asarray(pred.mean, dtype=np.float64).reshape(-1)
             sd = np.asarray(pred.sd, dtype=np.float64).reshape(-1)
             if mean.shape != (m,) or sd.shape != (m,):
@@ -309,20 +348,35 @@ class GridLayers:
             layers = [mean, sd, 2.0 * Z95 * sd, *to_data_units(mean, sd)]
             if self.threshold is not None:
                 layers.append(probability_below(mean, sd, np.log10(self.threshold)))
+            if self.benchmark is not None:
+                layers += [self._p_meets(pred, other), 10.0 ** np.asarray(other.mean, np.float64)]
             for name, layer in zip(per_quarter, layers, strict=True):
                 per_quarter[name].append(layer)
         out = {name: (np.stack(parts) if self.stacked else parts[0]) for name, parts in per_quarter.items()}
         if self.change is not None:
             change = model.predict_change(lonlat, *self.change)
-            out.update(
-                zip(self.change_names(), (change.mean, change.sd, change.p_increase, change.median_change), strict=True)
-            )
+            parts = [change.mean, change.sd, change.p_increase, change.median_change]
+            if self.benchmark is not None:
+                ends = [self._p_meets(*self._pair_at(model, lonlat, quarter)) for quarter in self.change]
+                parts.append(ends[1] - ends[0])
+            out.update(zip(self.change_names(), parts, strict=True))
         if self.ref_lonlat is not None:
             k = np.asarray(model.kernel_slice(lonlat, self.ref_lonlat, self.reference_quarter), dtype=np.float64)
             if k.shape != (m, len(self.ref_lonlat)):
                 raise InputDataError(f"model.kernel_slice returned {k.shape}, expected {(m, len(self.ref_lonlat))}")
             out["kernel_slice"] = k.T
         return out
+
+
+    def _p_meets(self, first: Any, second: Any) -> np.ndarray:
+        """P(meets the benchmark) of the two targets' tile-mean predictions (m,)."""
+        assert self.benchmark is not None
+        return probability_both_above(first.mean, first.sd, second.mean, second.sd, self.correlation,
+                                      *self.benchmark.log10_levels)
+
+    def _pair_at(self, model: Any, lonlat: np.ndarray, quarter: str) -> tuple[Any, Any]:
+        assert self.other_target is not None
+        return model.predict(lonlat, quarter), model.for_target(self.other_target).predict(lonlat, quarter)
 
 
 def _check_quarter(quarter: str) -> None:
