@@ -1,5 +1,5 @@
 """``geodbk predict`` (model -> grid), ``export`` (grid -> GeoTIFF/NetCDF/Zarr, fit -> test tiles) and
-``summarize`` (model -> polygon averages).
+``summarize`` (model -> polygon or H3 hexagon averages).
 
 ``predict`` and ``summarize`` refuse an area mostly outside the model's fitted extent, or
 quarters beyond its forecast allowance, unless given ``--allow-extrapolation``
@@ -226,21 +226,30 @@ def _check_export_outputs(args: argparse.Namespace) -> None:
 def _add_summarize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "summarize",
-        help="average a fitted model's speed over polygons (counties, tracts, ...) with exact uncertainty",
+        help="average a fitted model's speed over polygons (counties, tracts, ...) or H3 hexagons with exact "
+        "uncertainty",
         description=(
             "For each polygon: the area mean of the tile-mean log10 speed over grid cells inside it and its "
             "sd from the joint posterior (not the mean of the cell sds), the geometric-mean speed with a 95% "
             "interval, the expected share of the area below the speed benchmark, and the number of observed "
             "(training) tiles inside. Polygons keep their columns and CRS. By default only polygons that "
             "overlap the model's region are kept. Polygons are summarised in blocks of whole polygons of about "
-            "262k cells, so memory follows the largest polygon, not the number of polygons."
+            "262k cells, so memory follows the largest polygon, not the number of polygons. "
+            "With --h3 instead of --polygons: one row per H3 hexagon (the FCC's mobile map cells) whose centre "
+            "is in the model's region, with each target's hexagon mean and joint sd, and the chance that the "
+            "hexagon mean meets the --benchmark (geodbk.decisions.hexagon_summary lists the columns)."
         ),
-        epilog="example: geodbk summarize --model outputs/demo/models/dbk-rbf.pt "
-        "--polygons data/cb_2018_us_county_20m.zip --quarter 2023Q4 --out pr_municipios.parquet",
+        epilog="examples: geodbk summarize --model outputs/demo/models/dbk-rbf.pt "
+        "--polygons data/cb_2018_us_county_20m.zip --quarter 2023Q4 --out pr_municipios.parquet; "
+        "geodbk summarize --model outputs/demo/models/dbk-rbf.pt --h3 9 --out pr_hexagons.parquet",
     )
     p.add_argument("--model", required=True, metavar="PATH", help="fitted model file (a GP kind, e.g. dbk-rbf)")
-    p.add_argument("--polygons", required=True, metavar="PATH",
-                   help="polygon file: GeoJSON, shapefile (zip), GeoPackage or GeoParquet, any CRS")
+    areas = p.add_mutually_exclusive_group(required=True)
+    areas.add_argument("--polygons", metavar="PATH",
+                       help="polygon file: GeoJSON, shapefile (zip), GeoPackage or GeoParquet, any CRS")
+    areas.add_argument("--h3", type=int, nargs="?", const=9, metavar="RES",
+                       help="H3 hexagons of resolution RES, 5 to 10, over the model's region (default 9, the "
+                       "FCC's mobile map cells, about 0.1 km^2)")
     p.add_argument("--out", required=True, metavar="PATH", help="output: *.parquet (GeoParquet), *.geojson or *.csv")
     p.add_argument("--quarter", help="quarter, e.g. 2023Q4 (default: the model's latest fitted quarter)")
     p.add_argument("--resolution", default=None,
@@ -257,6 +266,9 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
                    help="summarise the blocks of polygons in parallel on a Dask cluster: a scheduler address "
                    "(tcp://host:8786), or 'local' / 'local:N' for N single-threaded worker processes on this "
                    "machine (default 2); the model goes to each worker once, and the table is the serial one")
+    p.add_argument("--benchmark", metavar="D/U",
+                   help="with --h3: download/upload Mbps pair of p_meets and share_meets, e.g. 35/3, 5/1, 7/1, "
+                   "100/20, 25/3 (default: the service's FCC pair, 35/3 mobile, 100/20 fixed)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_extrapolation_option(p)
     p.set_defaults(handler=_run_summarize)
@@ -281,6 +293,10 @@ def _run_summarize(args: argparse.Namespace) -> int:
 
     if not args.out.lower().endswith(SUMMARY_FORMATS):
         raise InputDataError(f"--out must end in one of {', '.join(SUMMARY_FORMATS)}, got {args.out}")
+    if args.h3 is not None:
+        return _summarize_hexagons(args)
+    if args.benchmark is not None:
+        raise InputDataError("--benchmark goes with --h3; polygons take --threshold")
     check_output(args.out, inputs=[args.model, args.polygons], name="--out")
     quarter = None if args.quarter is None else parse_quarter(args.quarter)
     check_map_options(args)
@@ -314,3 +330,35 @@ def _run_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summarize_hexagons(args: argparse.Namespace) -> int:
+    """``geodbk summarize --h3``: :func:`geodbk.decisions.hexagon_summary.summarize_hexagons` of the
+    model's region, written with :func:`geodbk.maps.summaries.write_summary`."""
+    import time
+
+    from geodbk.decisions.hexagon_summary import summarize_hexagons
+    from geodbk.errors import InputDataError
+    from geodbk.fileio import check_output
+    from geodbk.fit.geomodel import GeoModel
+    from geodbk.maps.hexagons import check_resolution
+    from geodbk.maps.summaries import write_summary
+    from geodbk.maps.thresholds import Benchmark
+
+    polygon_only = [flag for flag, value in (
+        ("--resolution", args.resolution), ("--threshold", args.threshold), ("--no-threshold", args.no_threshold),
+        ("--all-polygons", args.all_polygons), ("--max-cells", args.max_cells),
+        ("--dask-scheduler", args.dask_scheduler),
+    ) if value not in (None, False)]
+    if polygon_only:
+        raise InputDataError(f"{', '.join(polygon_only)} go with --polygons, not --h3")
+    resolution = check_resolution(args.h3)
+    benchmark = None if args.benchmark is None else Benchmark.parse(args.benchmark)
+    check_output(args.out, inputs=[args.model], name="--out")
+    quarter = None if args.quarter is None else parse_quarter(args.quarter)
+    model = GeoModel.load(args.model)
+    check_domain(model, model.fitted_region().geometry, quarter or "latest", allow=args.allow_extrapolation)
+    start = time.perf_counter()
+    summary = summarize_hexagons(model, resolution, quarter, benchmark, progress=not args.no_progress)
+    write_summary(summary, args.out)
+    print(f"wrote {args.out}: {len(summary)} resolution-{resolution} H3 hexagons, quarter "
+          f"{summary['quarter'].iloc[0]}, in {time.perf_counter() - start:.1f} s")
+    return 0
