@@ -40,6 +40,7 @@ class PlaneModel:
     a new measurement of k tests has sd = plane_measurement_sd(lat, k). Time-free: ``time`` is ignored."""
 
     info = ModelInfo("plane", target="download", units="Mbps")
+    targets = ("download",)
     has_kernel = True
     latest_quarter = None  # time-free: maps the quarters a test names
 

@@ -32,6 +32,7 @@ class SlopeModel:
     variance sd^2 + 0.1 / k."""
 
     info = ModelInfo("slope", target="download", units="Mbps")
+    targets = ("download",)
     has_kernel = False
     latest_quarter = "2023Q4"
 

@@ -11,7 +11,8 @@ import pytest
 from scipy.stats import multivariate_normal
 
 from geodbk.cli import main
-from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset, parse_targets, sample_tiles_path
+from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset, sample_tiles_path
+from geodbk.dataset.targets import parse_targets
 from geodbk.errors import InputDataError
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel

@@ -103,8 +103,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="outputs/demo", metavar="DIR", help="run folder to write (default outputs/demo)")
     p.add_argument("--region", choices=("PR", "HI"), help="shipped sample region (default PR)")
     p.add_argument("--target", choices=("download,upload", "download", "upload", "latency"),
-                   help="speed-test measure (default download,upload: dbk-rbf models both speeds together and "
-                   "maps P(meets the FCC 35/3 pair); the other kinds model download)")
+                   help="speed-test measure (default download,upload). With both speeds, dbk-rbf models them "
+                   "together and maps P(meets the FCC 35/3 pair); the other kinds model download")
     p.add_argument("--quarters", help="comma-separated quarters, e.g. 2023Q1,2023Q4 "
                    "(default all: the 19 complete quarters 2019Q1-2023Q4)")
     p.add_argument("--models", help="comma-separated model kinds to fit (default dbk-rbf,sv-dkl,knn)")
@@ -189,7 +189,8 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
 
     from geodbk.dataset.domain import quarter_report
     from geodbk.dataset.quarters import Quarter
-    from geodbk.dataset.spatial_dataset import parse_quarters, parse_targets, sample_tiles_path
+    from geodbk.dataset.spatial_dataset import parse_quarters, sample_tiles_path
+    from geodbk.dataset.targets import parse_targets
     from geodbk.errors import InputDataError
     from geodbk.ingest.regions import load_region
     from geodbk.maps.geometry import RegularGrid

@@ -6,6 +6,9 @@ choose the target -> tag urban/rural -> split 8:1:1 by a protocol of :mod:`geodb
 and returns a :class:`SpatialDataset`, which saves to and loads from one GeoParquet file with
 all of its metadata in the file's key-value metadata (key ``geodbk``). What a model sees of a row is
 decided by :class:`geodbk.dataset.inputs.InputSpace`.
+
+Size: the class and its builder, about 480 lines together: the builder writes the columns (one
+target's or several's) that the class's views, save and load read back.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from geodbk import paths
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
 from geodbk.dataset.quarters import Quarter
 from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
+from geodbk.dataset.targets import TARGETS, parse_targets, target_column
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path
 from geodbk.ingest.names import SERVICES
@@ -36,12 +40,6 @@ from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, lo
 from geodbk.ingest.scan import check_selection, scan_tiles, select_rows
 from geodbk.ingest.urbanrural import tag_urban_rural
 
-#: target name -> (source column, divisor to the unit, unit)
-TARGETS: dict[str, tuple[str, float, str]] = {
-    "download": ("avg_d_kbps", 1000.0, "Mbps"),
-    "upload": ("avg_u_kbps", 1000.0, "Mbps"),
-    "latency": ("avg_lat_ms", 1.0, "ms"),
-}
 SPLITS = ("train", "val", "test")
 _METADATA_KEY = b"geodbk"
 #: Rows per batch when a dataset without its polygons is saved over the file it came from.
@@ -295,30 +293,6 @@ class SpatialDataset:
             block_m=float(meta.get("block_m", DEFAULT_BLOCK_M)),
             extra_targets=tuple(meta.get("extra_targets", ())),
         )
-
-
-def target_column(first: str, target: str, column: str = "y") -> str:
-    """The column of ``target``'s ``column`` (``"y"``, log10, or ``"value"``) in a frame whose first
-    target is ``first``: ``y`` for the first, ``y_<target>`` for the others."""
-    return column if target == first else f"{column}_{target}"
-
-
-def parse_targets(target: str | Sequence[str]) -> tuple[str, ...]:
-    """``"download,upload"`` or ``["download", "upload"]`` -> ``("download", "upload")``: known,
-    distinct targets of one unit (speeds or latency; a dataset's rows hold one unit).
-
-    Raises:
-        InputDataError: otherwise, in one line.
-    """
-    names = [t.strip() for t in target.split(",")] if isinstance(target, str) else [str(t) for t in target]
-    unknown = [t for t in names if t not in TARGETS]
-    if not names or unknown:
-        raise InputDataError(f"target must be one or more of {sorted(TARGETS)} separated by commas, got {target!r}")
-    if len(set(names)) != len(names):
-        raise InputDataError(f"target names a target twice: {target!r}")
-    if len({TARGETS[t][2] for t in names}) > 1:
-        raise InputDataError(f"targets {', '.join(names)} have different units; ingest them as separate datasets")
-    return tuple(names)
 
 
 def parse_quarters(quarters: str | Sequence[str | tuple[int, int]] | None) -> list[tuple[int, int]] | None:

@@ -18,7 +18,8 @@ import shapely
 from geodbk.dataset.density import DensitySource, read_density_tiles
 from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.quarters import quarter_years
-from geodbk.dataset.spatial_dataset import SpatialDataset, target_column
+from geodbk.dataset.spatial_dataset import SpatialDataset
+from geodbk.dataset.targets import target_column
 from geodbk.errors import InputDataError
 from geodbk.fit.geomodel import GeoModel
 from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol

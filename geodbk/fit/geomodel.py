@@ -10,7 +10,9 @@ an :class:`~geodbk.errors.ExtrapolationWarning`.
 
 Size: one class over 450 lines, because every method reads the same fitted parts (the
 regressor, its inputs, the residual field's one combination rule); the map-facing helpers
-(quarters, change spans, domain checks) are thin and sit beside the ``grid`` they serve.
+(quarters, change spans, domain checks) are thin and sit beside the ``grid`` they serve, and the
+decision-facing ones (targets, posterior, condition) hand over to :mod:`geodbk.fit.sites` and
+:mod:`geodbk.fit.updates`.
 """
 
 from __future__ import annotations

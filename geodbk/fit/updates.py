@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from geodbk.dataset.quarters import quarter_years
-from geodbk.dataset.spatial_dataset import target_column
+from geodbk.dataset.targets import target_column
 from geodbk.errors import InputDataError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

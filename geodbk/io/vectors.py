@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import geopandas as gpd
 import numpy as np
 
-from geodbk.dataset.spatial_dataset import target_column
+from geodbk.dataset.targets import target_column
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.maps.thresholds import Benchmark, default_benchmark
