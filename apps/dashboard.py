@@ -7,9 +7,17 @@ A run folder is what ``geodbk demo`` writes (see ``docs/architecture.md``): the 
 one fitted :class:`geodbk.fit.geomodel.GeoModel` per model kind, the metrics table and the
 prebuilt prediction grids. Nothing is trained when the page opens: the map layers come from
 the saved grids (one map per fitted quarter, chosen with the quarter slider, plus the change
-between two quarters), and only what follows a click is computed live: the kernel slice over
-the grid cells (one ``GeoModel.kernel_slice``), the predictive distribution there and its
-time series over every fitted quarter (one ``GeoModel.predict_series``).
+between two quarters), and only what follows a click is computed live: the map model's
+correlation with the clicked point over the grid cells, after the data (``GeoModel.posterior``)
+or before (``GeoModel.kernel_slice``), with the distance at which it falls to 0.5, or the prior
+covariance; the predictive distribution there and its time series over every fitted quarter
+(one ``GeoModel.predict_series``).
+
+A "Decisions" tab beside the map shows, for a model of download and upload whose run folder
+has a hexagon table (``decisions/<kind>_h3.parquet``), its H3 hexagons coloured by P(meets) of
+a benchmark chosen among 5/1, 7/1 and 35/3 Mbps (recomputed from the table), with a hover
+readout, and the plan's next visits (``decisions/<kind>_plan.parquet``) outlined and ranked
+(``apps/dashboard_decisions.py``); for any other model a one-line note says how to get one.
 
 The map fills the page's width. Under it lies an OpenStreetMap basemap (CARTO's light tiles,
 through ``holoviews.element.tiles``) that a check box hides, and hovering it reads out the
@@ -41,6 +49,7 @@ from pathlib import Path
 import holoviews as hv
 import panel as pn
 import xarray as xr
+from dashboard_decisions import DecisionViews
 from dashboard_panels import (
     DEFAULT_RUN,
     MAP_MAX_HEIGHT,
@@ -48,6 +57,7 @@ from dashboard_panels import (
     OOKLA_ATTRIBUTION,
     PANEL_WIDTH,
     SIDE_WIDTH,
+    SLICE_KINDS,
     TARGETS,
     DashboardViews,
 )
@@ -59,6 +69,7 @@ from holoviews import streams
 from geodbk.errors import GeodbkError
 from geodbk.viewer import (
     ALL_QUARTERS,
+    BENCHMARK_CHOICES,
     DEFAULT_LAYER,
     LAYER_BY_KEY,
     Catalog,
@@ -94,7 +105,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # --- the page -------------------------------------------------------------------------------
-class Dashboard(DashboardViews):
+class Dashboard(DashboardViews, DecisionViews):
     """Widgets, the map with its Tap stream, and the panels that follow a click."""
 
     def __init__(self, catalog: Catalog, *, basemap: bool, polygons: Path | None = None) -> None:
@@ -137,8 +148,13 @@ class Dashboard(DashboardViews):
             name="basemap (OpenStreetMap, CARTO)", value=True, visible=basemap, css_classes=["geodbk-basemap"]
         )
         self.slice_kind = pn.widgets.RadioButtonGroup(
-            name="Kernel slice", options=["correlation", "covariance"], value="correlation", width=SIDE_WIDTH
+            name="Kernel slice", options=list(SLICE_KINDS), value=SLICE_KINDS[0], width=SIDE_WIDTH,
+            css_classes=["geodbk-slice-kind"],
+        )  # fmt: skip
+        self.benchmark = pn.widgets.RadioButtonGroup(
+            name="Benchmark", options=list(BENCHMARK_CHOICES), value="35/3", css_classes=["geodbk-benchmark"]
         )
+        self.decision_text = pn.pane.Markdown("", css_classes=["geodbk-decisions-text"])
         self.notice = pn.pane.Alert(
             "", alert_type="warning", visible=False, width=SIDE_WIDTH * 2, css_classes=["geodbk-notice"]
         )
@@ -196,6 +212,7 @@ class Dashboard(DashboardViews):
         self.model.param.watch(self._on_model, "value")
         self.layer.param.watch(self._on_layer, "value")
         self.map_quarter.param.watch(self._follow_map_quarter, "value")
+        self.benchmark.param.watch(self._recolour, "value")
         self._on_target()
 
     # -- state that follows the widgets ------------------------------------------------------
@@ -239,6 +256,7 @@ class Dashboard(DashboardViews):
         self.quarter.options = [ALL_QUARTERS] + quarters
         if self.quarter.value not in self.quarter.options:
             self.quarter.value = quarters[-1] if quarters else ALL_QUARTERS
+        self._follow_benchmark_options(fit)
         grid = fit.grid()
         with pn.io.hold():
             self._update_layer_choices(grid)
@@ -310,7 +328,7 @@ class Dashboard(DashboardViews):
         layer = resolve_layer(layer_key, grid)
         when = self._quarter(fit) if layer.per_quarter else f"change {change_span(grid)}"
         when = f" · {when}" if when else ""
-        click = "click the map to see the kernel slice and time series there"
+        click = "click the map to see which places inform it (correlation) and its time series"
         return f"**{fit.kind}** · {layer_label(layer, grid)}{when} · {click}"
 
     def _shown_tiles_geojson(self) -> io.BytesIO:
@@ -351,8 +369,20 @@ class Dashboard(DashboardViews):
             self.notice,
             self.problems,
             controls,
-            self.map_title,
-            pn.pane.HoloViews(self.map, sizing_mode="stretch_width", css_classes=["geodbk-map"]),
+            pn.Tabs(
+                (
+                    "Speed map",
+                    pn.Column(
+                        self.map_title,
+                        pn.pane.HoloViews(self.map, sizing_mode="stretch_width", css_classes=["geodbk-map"]),
+                        sizing_mode="stretch_width",
+                    ),
+                ),
+                ("Decisions", pn.panel(pn.bind(self.decision_view, self.model), lazy=True, defer_load=False)),
+                dynamic=True,
+                sizing_mode="stretch_width",
+                css_classes=["geodbk-tabs"],
+            ),
             pn.Row(
                 pn.Column(
                     pn.bind(self.summary_view, self.model, self.map_quarter),

@@ -30,11 +30,15 @@ from geodbk.viewer import (
     LAYER_BY_KEY,
     NEAR_KM,
     Fit,
+    HalfDistance,
     PointPrediction,
     Series,
+    cell_km,
     cell_readout,
+    distance_km,
     grid_cells_lonlat,
     grid_units,
+    half_distance,
     layer_cmap,
     layer_label,
     layer_variable,
@@ -56,6 +60,9 @@ TARGETS = ("download", "upload", "latency")
 PANEL_WIDTH = 620  # pixels: the area summary and the PI-width violin (the map fills the page width)
 MAP_MIN_HEIGHT, MAP_MAX_HEIGHT = 300, 720  # pixels: the map's height follows its width and the region's shape
 SIDE_WIDTH = 430
+#: What the slice under the map shows of the map model's covariance with the clicked point.
+POSTERIOR, PRIOR, COVARIANCE = "posterior correlation", "prior correlation", "prior covariance"
+SLICE_KINDS = (POSTERIOR, PRIOR, COVARIANCE)
 OOKLA_ATTRIBUTION = (
     "Speedtest® by Ookla® Global Fixed and Mobile Network Performance Maps. Based on analysis "
     "by Ookla of Speedtest Intelligence® data. Ookla trademarks used under license."
@@ -139,7 +146,8 @@ class DashboardViews:
     def kernel_view(
         self, fit: Fit | None, x: float | None, y: float | None, kind: str, quarter_value: str
     ) -> pn.viewable.Viewable:
-        """Kernel slice (correlation or covariance) at the clicked point and the map's quarter,
+        """The map model's covariance with the clicked point at the map's quarter, as a posterior
+        or prior correlation (with the distance at which it falls to 0.5) or a prior covariance,
         and the predictive density there."""
         if fit is None or fit.grid() is None:
             return pn.pane.Markdown("Pick a model run with a saved grid.")
@@ -159,12 +167,18 @@ class DashboardViews:
                 density,
             )
         lonlat, inside = grid_cells_lonlat(grid)
-        var_x = fit.prior_variance(quarter) if kind == "correlation" else None
-        values = slice_at_cells(model, lonlat, (lon, lat), quarter, kind, var_x)
-        if kind == "correlation":
-            label, title = "ρ(x, x_ref)", f"correlation with ({lon:.4f}, {lat:.4f})"
-        else:
+        half = None
+        if kind == COVARIANCE:
+            values = slice_at_cells(model, lonlat, (lon, lat), quarter, "covariance")
             label, title = f"k(x, x_ref) [{slice_units(fit.dataset().units)}]", f"k(·, x_ref) at ({lon:.4f}, {lat:.4f})"
+        else:
+            if kind == POSTERIOR:
+                values = fit.posterior_correlation((lon, lat), quarter)
+            else:
+                values = slice_at_cells(model, lonlat, (lon, lat), quarter, "correlation", fit.prior_variance(quarter))
+            distance = distance_km(lonlat[:, 0], lonlat[:, 1], lon, lat)
+            half = half_distance(distance, values, cell_km(lonlat))
+            label, title = "ρ(x, x_ref)", f"{kind} with ({lon:.4f}, {lat:.4f})"
         plot = kernel_slice_plot(
             on_cells(grid, inside, values, "k"),
             (lon, lat),
@@ -173,19 +187,29 @@ class DashboardViews:
             title=title,
             width=SIDE_WIDTH,
             height=260,
+            radius_km=half.km if half is not None else None,
+            correlation=kind != COVARIANCE,
         )
         # text and plots are replaced together, so the text never describes an older click
         return pn.Column(
-            self._reference_pane(fit, lon, lat, quarter, point, kind, values),
+            self._reference_pane(fit, lon, lat, quarter, point, kind, values, half),
             pn.pane.HoloViews(plot, css_classes=["geodbk-kernel"]),
             density,
         )
 
     @staticmethod
     def _reference_pane(
-        fit: Fit, lon: float, lat: float, quarter: str | None, point: PointPrediction, kind: str, k: np.ndarray | None
+        fit: Fit,
+        lon: float,
+        lat: float,
+        quarter: str | None,
+        point: PointPrediction,
+        kind: str,
+        k: np.ndarray | None,
+        half: HalfDistance | None = None,
     ) -> pn.pane.Markdown:
-        """The clicked point, its predictive distribution in data and log10 units, and the slice's range."""
+        """The clicked point, its predictive distribution in data and log10 units, the slice's
+        range and, for a correlation, the distance at which it falls to 0.5."""
         units = fit.dataset().units
         if k is None:
             kernel = "no kernel (not a GP)"
@@ -193,6 +217,9 @@ class DashboardViews:
             kernel = (
                 f"{kind} over the grid: min {np.nanmin(k):.4f}, median {np.nanmedian(k):.4f}, max {np.nanmax(k):.4f}"
             )
+        if half is not None:
+            reach = "the dashed circle: the cells a visit here informs most" if half.km is not None else ""
+            kernel += f"  \n{half.text()}" + (f"; {reach}" if reach else "")
         text = (
             f"**Reference point** lon {lon:.4f}, lat {lat:.4f}" + (f" · {quarter}" if quarter else "") + "  \n"
             f"Predicted median **{point.median:.1f} {units}**, "

@@ -18,7 +18,7 @@ from bokeh.models import CustomJSHover
 from holoviews.plotting.bokeh.element import ElementPlot
 
 from geodbk.viewer import NEAR_KM, READOUT_VARIABLES, PointPrediction, Series, quarter_dates
-from geodbk.viewer.mercator import lonlat_to_mercator, mercator_raster, outline_paths, with_mercator
+from geodbk.viewer.mercator import circle_mercator, lonlat_to_mercator, mercator_raster, outline_paths, with_mercator
 
 URBAN_COLOURS = {"urban": "#d95f02", "rural": "#1b9e77"}
 
@@ -113,19 +113,27 @@ def kernel_slice_plot(
     title: str,
     width: int,
     height: int,
+    radius_km: float | None = None,
+    correlation: bool = False,
 ) -> hv.Overlay:
     """A kernel slice (2-D grid variable) with the region outline and its reference point: a
-    diverging map centred on 0 when the slice changes sign, else a sequential one."""
+    correlation on a diverging map from -1 to 1; a covariance on a diverging map centred on 0
+    when it changes sign, else a sequential one; with
+    ``radius_km``, a dashed circle of that radius around the point (where a correlation falls to 0.5)."""
     signed = bool(np.nanmin(k_slice.to_numpy()) < 0)
-    image = hv.Image(mercator_raster(k_slice), kdims=["x", "y"], vdims=[hv.Dimension("k", label=label)]).opts(
-        cmap="RdBu_r" if signed else "viridis",
-        symmetric=signed,
-        colorbar=True,
-        **raster_hover(label),
-    )
+    image = hv.Image(mercator_raster(k_slice), kdims=["x", "y"], vdims=[hv.Dimension("k", label=label)])
+    if correlation:  # one scale for every correlation, so that prior and posterior compare
+        image = image.opts(cmap="RdBu_r", clim=(-1.0, 1.0), colorbar=True, **raster_hover(label))
+    else:
+        image = image.opts(
+            cmap="RdBu_r" if signed else "viridis", symmetric=signed, colorbar=True, **raster_hover(label)
+        )
     marker = hv.Points([lonlat_to_mercator(*ref)]).opts(color="red", marker="x", size=12, line_width=3)
     outline = hv.Path(outline_paths(region)).opts(color="black", line_width=0.8)
-    return (image * outline * marker).opts(
+    circle = hv.Path([circle_mercator(*ref, radius_km)] if radius_km else []).opts(
+        color="red", line_width=1.5, line_dash="dashed"
+    )
+    return (image * outline * circle * marker).opts(
         width=width, height=height, xaxis=None, yaxis=None, data_aspect=1, toolbar=None, title=title
     )
 

@@ -97,6 +97,10 @@ def build_tiny_run(run: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny run folder; ``GEODBK_BROWSER_RUN=DIR`` reuses one that :func:`build_tiny_run`
+    wrote before (while working on the page, instead of a fresh fit per session)."""
+    if os.environ.get("GEODBK_BROWSER_RUN"):
+        return Path(os.environ["GEODBK_BROWSER_RUN"])
     return build_tiny_run(tmp_path_factory.mktemp("dashboard") / "run")
 
 
@@ -856,3 +860,167 @@ def test_missing_chromium_skips_locally_but_fails_in_ci(monkeypatch):
     monkeypatch.setenv("CI", "1")
     with pytest.raises(pytest.fail.Exception):
         chromium_executable(("/nonexistent/chromium", None))
+
+
+# --- the decision view and what informs a place ----------------------------------------------
+DECISIONS_CANVAS = ".geodbk-decisions canvas"
+DECISIONS_TEXT = ".geodbk-decisions-text div"
+
+
+def open_decisions(page) -> None:
+    """Open the Decisions tab and wait for its map (the tab renders when first shown)."""
+    page.locator(".bk-tab", has_text="Decisions").first.click()
+    page.locator(DECISIONS_CANVAS).first.wait_for(state="visible")
+
+
+def decision_sources(page) -> dict:
+    """The decision map's data: ``p_meets`` and ``h3`` of its hexagons and ``rank`` of the plan's."""
+    return page.evaluate(
+        """() => {
+            const out = {};
+            for (const doc of Bokeh.documents) {
+                for (const model of doc.all_models) {
+                    if (model.type !== "ColumnDataSource") continue;
+                    if (model.name === "decision_hexagons") {
+                        out.p_meets = Array.from(model.data.p_meets);
+                        out.h3 = Array.from(model.data.h3);
+                    }
+                    if (model.name === "decision_plan") {
+                        out.rank = Array.from(model.data.rank);
+                        out.label = Array.from(model.data.label);
+                    }
+                }
+            }
+            return out;
+        }"""
+    )
+
+
+def glyph_types(page) -> list[str]:
+    """The glyph type of every Bokeh renderer on the page."""
+    return page.evaluate(
+        """() => {
+            const out = [];
+            for (const doc of Bokeh.documents) {
+                for (const m of doc.all_models) if (m.type === "GlyphRenderer") out.push(m.glyph.type);
+            }
+            return out;
+        }"""
+    )
+
+
+def hover_decision(page, benchmark: str) -> dict[str, str]:
+    """The decision map's hover rows (label -> value) over a hexagon near the middle of the map."""
+    box = page.locator(DECISIONS_CANVAS).first.bounding_box()
+    for fx, fy in ((0.45, 0.5), (0.35, 0.5), (0.55, 0.45), (0.3, 0.55), (0.5, 0.6), (0.4, 0.4)):
+        page.mouse.move(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
+        tooltip = page.locator(".bk-tooltip-content", has_text=f"P(meets {benchmark})").first
+        try:
+            tooltip.wait_for(state="visible", timeout=3000)
+        except Exception:
+            continue
+        labels, values = tooltip.locator(".bk-tooltip-row-label"), tooltip.locator(".bk-tooltip-row-value")
+        return {
+            label.strip().rstrip(":"): value.strip()
+            for label, value in zip(labels.all_inner_texts(), values.all_inner_texts(), strict=True)
+        }
+    pytest.fail("no hexagon under the mouse")
+
+
+def test_decision_view_colours_hexagons_by_p_meets_and_follows_the_benchmark(server, page_and_log, run_folder):
+    """The Decisions tab draws every hexagon of the run's table coloured by its P(meets 35/3),
+    reads it out on hover with the medians and observed tiles, outlines the plan's visits with
+    their rank, and recolours for 5/1 with P(meets) recomputed from the table (higher everywhere)."""
+    import geopandas as gpd
+
+    from geodbk.viewer import p_meets
+
+    page, log = page_and_log
+    table = gpd.read_parquet(run_folder / "decisions" / f"{KINDS[0]}_h3.parquet")
+    plan = gpd.read_parquet(run_folder / "decisions" / f"{KINDS[0]}_plan.parquet")
+    open_dashboard(page, server)
+    open_decisions(page)
+    wait_for_text(page, DECISIONS_TEXT, "35/3 Mbps", f"of {len(table):,} hexagons likely meet it")
+    data = decision_sources(page)
+    assert data["h3"] == table["h3"].tolist()
+    np.testing.assert_allclose(data["p_meets"], table["p_meets"], atol=1e-9)
+    assert data["rank"] == list(range(1, len(plan) + 1)) and data["label"][0] == "1"
+    assert {"Patches", "Text", "Scatter"} <= set(glyph_types(page))
+    assert distinct_colours(page, DECISIONS_CANVAS) > 10
+    # the hover readout is the hexagon's row of the table
+    rows = hover_decision(page, "35/3")
+    assert set(rows) >= {"hexagon", "P(meets 35/3)", "median download", "median upload", "observed tiles"}, rows
+    row = table.set_index("h3").loc[rows["hexagon"]]
+    assert float(rows["P(meets 35/3)"]) == pytest.approx(row["p_meets"], abs=0.006)
+    assert numbers(rows["median download"])[0] == pytest.approx(row["median_download_mbps"], abs=0.06)
+    assert numbers(rows["median upload"])[0] == pytest.approx(row["median_upload_mbps"], abs=0.06)
+    assert int(rows["observed tiles"]) == row["observed_tiles"]
+    # 5/1: recoloured from the table, every hexagon likelier to meet it
+    before = canvas_checksum(page, DECISIONS_CANVAS)
+    page.locator(".geodbk-benchmark button", has_text="5/1").click()
+    wait_for_text(page, DECISIONS_TEXT, "5/1 Mbps")
+    wait_for_new_canvas(page, DECISIONS_CANVAS, before)
+    lower = np.asarray(decision_sources(page)["p_meets"])
+    np.testing.assert_allclose(lower, p_meets(table, "5/1"), atol=1e-9)
+    assert np.all((lower > table["p_meets"]) | (table["p_meets"] == 1.0))
+    page.mouse.move(1, 1)
+    rows_5 = hover_decision(page, "5/1")
+    assert float(rows_5["P(meets 5/1)"]) >= float(table.set_index("h3").loc[rows_5["hexagon"], "p_meets"]) - 0.006
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard_decisions.png"), full_page=True)
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []
+
+
+def test_a_download_only_model_gets_a_note_instead_of_decisions(server, page_and_log, run_folder):
+    page, log = page_and_log
+    open_dashboard(page, server)
+    select_model(page, KINDS[1], run_folder)
+    page.locator(".bk-tab", has_text="Decisions").first.click()
+    note = page.locator(".geodbk-decisions-note div", has_text="Fit download and upload together")
+    note.wait_for()
+    assert f"No decision view for {KINDS[1]}" in note.inner_text()
+    assert page.locator(DECISIONS_CANVAS).count() == 0
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []
+
+
+HALF_PATTERN = re.compile(r"falls to 0\.5 at (?:about )?(\d+\.\d) km|stays above 0\.5 out to (\d+) km")
+
+
+def test_correlation_selector_switches_prior_and_posterior_and_reads_the_half_distance(
+    server, page_and_log, run_folder
+):
+    """Under the map, the clicked point's correlation with every cell: the posterior's by default
+    (its 0.5-distance read out, as geodbk.viewer computes it from the model), the prior kernel's
+    on the other button (broader: a nearly flat sheet)."""
+    from geodbk.viewer import Catalog, cell_km, distance_km, grid_cells_lonlat, half_distance
+
+    page, log = page_and_log
+    open_dashboard(page, server)
+    text = wait_for_text(page, REF_TEXT, "posterior correlation over the grid", "0.5")
+    lon, lat = reference_lonlat(page)
+    fit = Catalog.scan([run_folder]).fits[0]
+    lonlat, _ = grid_cells_lonlat(fit.grid())
+    rho = fit.posterior_correlation((lon, lat), QUARTER)
+    half = half_distance(distance_km(lonlat[:, 0], lonlat[:, 1], lon, lat), rho, cell_km(lonlat))
+    assert half.text() in text, (half.text(), text)
+    posterior = re.search(r"correlation over the grid: min -?[\d.]+, median (-?[\d.]+)", text)
+    assert posterior and float(posterior.group(1)) == pytest.approx(float(np.nanmedian(rho)), abs=1e-4)
+    assert HALF_PATTERN.search(text), text
+    before = canvas_checksum(page, ".geodbk-kernel canvas")
+    page.locator(".geodbk-slice-kind button", has_text="prior correlation").click()
+    prior_text = wait_for_text(page, REF_TEXT, "prior correlation over the grid")
+    wait_for_new_canvas(page, ".geodbk-kernel canvas", before)
+    prior = re.search(r"correlation over the grid: min -?[\d.]+, median (-?[\d.]+)", prior_text)
+    assert prior and float(prior.group(1)) > float(posterior.group(1))
+    match = HALF_PATTERN.search(prior_text)
+    assert match, prior_text
+    prior_km = float(match.group(1) or match.group(2))
+    assert half.km is None or prior_km > half.km
+    assert reference_lonlat(page) == (lon, lat)
+    # and back: the posterior again, for the same point
+    page.locator(".geodbk-slice-kind button", has_text="posterior correlation").click()
+    wait_for_text(page, REF_TEXT, "posterior correlation over the grid")
+    assert log.problems() == [], log.problems()
+    assert server.app_errors() == []

@@ -23,6 +23,7 @@ import rioxarray  # noqa: F401
 import shapely
 import xarray as xr
 
+from geodbk.errors import InputDataError
 from geodbk.prediction import Prediction, probability_below, to_data_units
 from geodbk.viewer import (
     ALL_QUARTERS,
@@ -31,12 +32,16 @@ from geodbk.viewer import (
     PointPrediction,
     Series,
     at_quarter,
+    benchmark_options,
+    cell_km,
     change_span,
     colour_limits,
     correlation,
+    decision_summary,
     distance_km,
     grid_cells_lonlat,
     grid_quarters,
+    half_distance,
     layer_cmap,
     layer_label,
     layer_options,
@@ -50,10 +55,14 @@ from geodbk.viewer import (
     observed_near,
     on_cells,
     outline_paths,
+    p_meets,
+    plan_marks,
+    posterior_correlation,
     resolve_layer,
     shown_quarter,
     slice_at_cells,
     summary_table,
+    table_benchmark,
     tiles_geojson,
     tiles_in_quarter,
     with_mercator,
@@ -266,6 +275,145 @@ def test_correlation_of_several_slices_and_a_vanishing_variance():
     assert np.isfinite(correlation(np.array([0.0]), np.array([0.0]), 0.0)).all()
 
 
+class ExponentialPosterior:
+    """A fake map model whose posterior is a dense two-target Gaussian (a real MapPosterior):
+    Cov(f_a(x), f_b(y)) = s(x) s(y) B_ab exp(-|x - y| / L), s(x) = 1 + lon², in degrees."""
+
+    length = 0.7
+    targets = np.array([[1.0, 0.4], [0.4, 2.0]])
+
+    def posterior(self, lonlat, time=None, *, covariance=True):
+        from scipy import sparse
+
+        from geodbk.fit.posterior import MapPosterior
+
+        lonlat = np.asarray(lonlat, dtype=np.float64)
+        n = len(lonlat)
+        scale = 1.0 + lonlat[:, 0] ** 2
+        distance = np.sqrt(((lonlat[:, None, :] - lonlat[None, :, :]) ** 2).sum(-1))
+        dense = np.kron(np.outer(scale, scale) * np.exp(-distance / self.length), self.targets)
+        values, vectors = np.linalg.eigh(dense)
+        root = vectors * np.sqrt(np.clip(values, 0.0, None))  # dense = root root^T
+        return MapPosterior(
+            targets=("download", "upload"),
+            mean=np.zeros((n, 2)),
+            factor=root.reshape(n, 2, 2 * n),
+            local=sparse.csr_matrix((2 * n, 2 * n)),
+            nugget=np.broadcast_to(0.01 * np.eye(2), (n, 2, 2)).copy(),
+            per_test=np.broadcast_to(0.05 * np.eye(2), (n, 2, 2)).copy(),
+        )
+
+
+def test_posterior_correlation_is_one_at_the_reference_and_the_dense_formula_elsewhere():
+    model = ExponentialPosterior()
+    cells = np.random.default_rng(1).uniform(-1.5, 1.5, size=(23, 2))
+    ref = (float(cells[5, 0]), float(cells[5, 1]))
+    rho = posterior_correlation(model, cells, ref, None, block=4)  # blocks of 4 cells with the ref
+    assert rho.shape == (23,)
+    assert rho[5] == pytest.approx(1.0, abs=1e-9)
+    expected = np.exp(-np.sqrt(((cells - cells[5]) ** 2).sum(1)) / model.length)  # scales and B cancel
+    assert rho == pytest.approx(expected, rel=1e-8, abs=1e-9)
+    assert posterior_correlation(model, cells, ref, None) == pytest.approx(rho, abs=1e-9)  # one block
+
+
+def test_half_distance_of_an_exponential_correlation_is_l_ln_2_within_a_bin():
+    rng = np.random.default_rng(0)
+    length, bin_km = 5.0, 1.0
+    distance = rng.uniform(0.0, 60.0, 20_000)
+    half = half_distance(distance, np.exp(-distance / length), bin_km)
+    assert half.km == pytest.approx(length * np.log(2.0), abs=bin_km)
+    low, high = half.bin
+    assert high - low == bin_km and low <= length * np.log(2.0) + bin_km and high >= length * np.log(2.0)
+    assert "falls to 0.5 at 3.5 km" in half.text()
+    # the first bin below 0.5 is the smallest such distance bin, whatever comes after it
+    rho = np.where(distance > 30.0, 0.9, np.exp(-distance / length))
+    assert half_distance(distance, rho, bin_km).bin == half.bin
+    # never below 0.5 (a flat prior sheet): no distance; below at once: within the first bin
+    flat = half_distance(distance, np.full_like(distance, 0.8), bin_km)
+    assert flat.km is None and flat.bin is None and "stays above 0.5 out to 60 km" in flat.text()
+    steep = half_distance(distance, np.exp(-distance / 0.05), 2.0)
+    assert steep.bin == (0.0, 2.0) and 0.0 < steep.km < 2.0 and "finer than the grid" in steep.text()
+    with pytest.raises(ValueError):
+        half_distance(distance, rho, 0.0)
+
+
+def test_cell_km_is_the_grid_spacing():
+    lon, lat = np.meshgrid(np.arange(-66.5, -66.0, 0.02), np.arange(18.0, 18.3, 0.02))
+    km = cell_km(np.column_stack([lon.ravel(), lat.ravel()]))
+    assert km == pytest.approx(0.02 * 111.195 * np.cos(np.radians(18.14)), rel=0.02)
+    assert cell_km(np.array([[0.0, 0.0]])) == 1.0
+
+
+# --- decisions: the hexagon table and plan --------------------------------------------------------
+def hexagon_table(n: int = 40, seed: int = 0) -> pd.DataFrame:
+    """A hexagon table as ``summarize_hexagons`` writes it: p_meets of 35/3 from each hexagon's
+    2 x 2 posterior block through MapPosterior.probability_meets, the sds and correlation from the same blocks."""
+    import geopandas as gpd
+    import h3
+
+    from geodbk.fit.posterior import meets_probability
+
+    rng = np.random.default_rng(seed)
+    mean = np.column_stack([rng.normal(np.log10(35.0), 0.4, n), rng.normal(np.log10(3.0), 0.3, n)])
+    root = rng.normal(0.0, 0.2, (n, 2, 2))
+    block = root @ root.transpose(0, 2, 1) + 0.01 * np.eye(2)
+    sd = np.sqrt(np.diagonal(block, axis1=1, axis2=2))
+    cells = list(h3.grid_disk(h3.latlng_to_cell(18.4, -66.1, 8), 4))[:n]
+    polygons = [shapely.Polygon([(lng, lat) for lat, lng in h3.cell_to_boundary(c)]) for c in cells]
+    return gpd.GeoDataFrame(
+        {
+            "h3": cells,
+            "quarter": "2023Q4",
+            "mean_log10_download": mean[:, 0],
+            "sd_log10_download": sd[:, 0],
+            "median_download_mbps": to_data_units(mean[:, 0], sd[:, 0])[0],
+            "mean_log10_upload": mean[:, 1],
+            "sd_log10_upload": sd[:, 1],
+            "median_upload_mbps": to_data_units(mean[:, 1], sd[:, 1])[0],
+            "correlation": block[:, 0, 1] / (sd[:, 0] * sd[:, 1]),
+            "p_meets": meets_probability(mean, block, (np.log10(35.0), np.log10(3.0))),
+            "share_meets": 0.5,
+            "benchmark": "35/3",
+            "observed_tiles": rng.integers(0, 4, n),
+        },
+        geometry=polygons,
+        crs=4326,
+    )
+
+
+def test_p_meets_of_the_tables_benchmark_is_its_p_meets_and_lower_benchmarks_are_likelier():
+    table = hexagon_table()
+    assert table_benchmark(table) == "35/3"
+    np.testing.assert_allclose(p_meets(table, "35/3"), table["p_meets"], rtol=0, atol=1e-9)
+    slow, slower = p_meets(table, "7/1"), p_meets(table, "5/1")
+    assert np.all(slower > table["p_meets"]) and np.all(slow > table["p_meets"]) and np.all(slower >= slow)
+    assert benchmark_options(table) == ["5/1", "7/1", "35/3"]
+    assert benchmark_options(table.assign(benchmark="100/20")) == ["5/1", "7/1", "35/3", "100/20"]
+    summary = decision_summary(table["p_meets"].to_numpy(), "35/3")
+    assert summary.hexagons == 40 and summary.likely_meet == int((table["p_meets"] >= 0.5).sum())
+    assert summary.expected_wrong == pytest.approx(np.minimum(table["p_meets"], 1 - table["p_meets"]).sum())
+    assert "35/3 Mbps" in summary.text()
+
+
+def test_hexagon_columns_and_plan_marks_are_in_web_mercator():
+    from geodbk.viewer.decisions import check_table, hexagon_columns
+
+    table = hexagon_table()
+    columns = hexagon_columns(table)
+    assert len(columns["xs"]) == len(table) and all(len(x) == 7 for x in columns["xs"])  # closed hexagons
+    x0, y0 = lonlat_to_mercator(*table.geometry.iloc[0].exterior.coords[0])
+    assert (columns["xs"][0][0], columns["ys"][0][0]) == pytest.approx((x0, y0))
+    np.testing.assert_array_equal(columns["observed_tiles"], table["observed_tiles"])
+    plan = table.iloc[[7, 3, 11]].assign(rank=[2, 1, 3])[["rank", "h3", "geometry"]]
+    marks = plan_marks(plan)
+    assert marks["rank"].tolist() == [1, 2, 3] and marks["label"].tolist() == ["1", "2", "3"]
+    assert marks["h3"][0] == table["h3"].iloc[3]
+    inside = table.to_crs(3857).geometry.iloc[3]
+    assert inside.contains(shapely.Point(marks["x"][0], marks["y"][0]))
+    with pytest.raises(InputDataError, match="correlation"):
+        check_table(table.drop(columns="correlation"))
+
+
 # --- units -------------------------------------------------------------------------------------
 def test_point_prediction_and_series_use_the_one_back_transform():
     prediction = Prediction(np.array([1.2, 1.5]), np.array([0.1, 0.3]))
@@ -391,6 +539,33 @@ def test_real_gp_slice_correlation_and_reference(run_folder):
     assert point.lower < point.median < point.upper
 
 
+def test_real_hexagon_table_and_posterior_correlation(run_folder):
+    """A run's hexagon table (download and upload dbk-rbf): P(meets 35/3) recomputed from its
+    columns is its p_meets; 5/1 is likelier everywhere; the plan is read; the map model's
+    posterior correlation with a point is 1 at the point and falls off far faster than the prior's."""
+    fit = Catalog.scan([run_folder]).for_target("download")[0]
+    assert fit.model().targets == ("download", "upload")
+    table, plan = fit.hexagons(), fit.plan()
+    assert table is not None and len(table) > 100 and table_benchmark(table) == "35/3"
+    np.testing.assert_allclose(p_meets(table, "35/3"), table["p_meets"], rtol=0, atol=1e-9)
+    easy = p_meets(table, "5/1")
+    assert np.all((easy > table["p_meets"]) | (table["p_meets"] == 1.0))
+    assert plan is not None and plan["rank"].tolist() == list(range(1, len(plan) + 1))
+    assert set(plan["h3"]) <= set(table["h3"])
+    knn = next(f for f in Catalog.scan([run_folder]).fits if f.kind == "knn")
+    assert knn.hexagons() is None and knn.plan() is None
+    lon, lat = fit.default_reference()
+    lonlat, _ = grid_cells_lonlat(fit.grid())
+    cells = np.vstack([lonlat[:60], [[lon, lat]]])
+    rho = posterior_correlation(fit.model(), cells, (lon, lat), "2023Q4")
+    assert rho[-1] == pytest.approx(1.0, abs=1e-6)
+    assert np.all(np.abs(rho) <= 1.0 + 1e-6)
+    cached = fit.posterior_correlation((lon, lat), "2023Q4")
+    assert cached.shape == (len(lonlat),) and cached[:60] == pytest.approx(rho[:60], abs=1e-6)
+    prior = slice_at_cells(fit.model(), lonlat, (lon, lat), "2023Q4", "correlation", fit.prior_variance("2023Q4"))
+    assert np.median(cached) < np.median(prior)
+
+
 def test_a_model_file_that_does_not_load_is_one_line_and_the_others_stay(run_folder, tmp_path, monkeypatch):
     """One bad model file in a run folder made the whole dashboard a blank page; now the catalog
     leaves that model out with a one-line problem, which the page shows above the others."""
@@ -501,3 +676,24 @@ def test_dashboard_raster_carries_the_saved_grids_data_units_and_p_below(run_fol
     assert tooltips[f"median ({QUARTERS[-1]})"] == "@readout_median{0.0} Mbps"
     assert tooltips["95% interval"] == "@readout_lower{0.0} – @readout_upper{0.0} Mbps"
     assert tooltips["P(download < 35 Mbps)"] == "@readout_p_below{0.00}"
+
+
+def test_dashboard_decision_view_recolours_in_place_and_explains_a_download_only_model(run_folder, monkeypatch):
+    """The Decisions tab's map keeps its hexagons and changes only its P(meets) column (and the
+    hover and colour-bar labels) for another benchmark; knn gets the one-line note."""
+    app = dashboard_app(monkeypatch)
+    page = app.Dashboard(Catalog.scan([run_folder]), basemap=False)
+    table = page.fit.hexagons()
+    assert page.benchmark.options == ["5/1", "7/1", "35/3"] and page.benchmark.value == "35/3"
+    page.decision_view(page.fit)
+    shown = page._decision_map
+    xs = shown.source.data["xs"]
+    np.testing.assert_allclose(shown.source.data["p_meets"], table["p_meets"], atol=1e-9)
+    page.benchmark.value = "7/1"
+    assert shown.source.data["xs"] is xs
+    np.testing.assert_allclose(shown.source.data["p_meets"], p_meets(table, "7/1"), atol=1e-12)
+    assert dict(shown.hover.tooltips)["P(meets 7/1)"] == "@p_meets{0.00}"
+    assert shown.colour_bar.title == "P(meets 7/1)" and "7/1 Mbps" in page.decision_text.object
+    knn = next(f for f in page.catalog.fits if f.kind == "knn")
+    note = page.decision_view(knn)
+    assert page._decision_map is None and "Fit download and upload together" in note.object

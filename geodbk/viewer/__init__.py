@@ -5,7 +5,10 @@
 * :mod:`~geodbk.viewer.cells`: a saved grid's quarters and the lon/lat of its cells;
 * :mod:`~geodbk.viewer.mercator`: Web Mercator (the map's coordinates) conversions;
 * :mod:`~geodbk.viewer.tiles`: observed tiles of a quarter, or near a point;
-* :mod:`~geodbk.viewer.correlation`: kernel slices as covariance or correlation;
+* :mod:`~geodbk.viewer.correlation`: kernel slices as covariance or correlation, the posterior
+  correlation with a point and the distance at which it falls to 0.5;
+* :mod:`~geodbk.viewer.decisions`: a download/upload model's hexagon table and visit plan, and
+  P(meets) of any benchmark recomputed from the table;
 * :mod:`~geodbk.viewer.units`: predictive distributions in log10 and data units;
 * :mod:`~geodbk.viewer.layers`: the map layers and their colour limits;
 * :mod:`~geodbk.viewer.tables`: the area summary and metrics tables.
@@ -13,7 +16,24 @@
 
 from geodbk.viewer.catalog import Catalog, Fit
 from geodbk.viewer.cells import at_quarter, change_span, grid_cells_lonlat, grid_quarters, on_cells, shown_quarter
-from geodbk.viewer.correlation import correlation, slice_at_cells
+from geodbk.viewer.correlation import (
+    HalfDistance,
+    cell_km,
+    correlation,
+    half_distance,
+    posterior_correlation,
+    slice_at_cells,
+)
+from geodbk.viewer.decisions import (
+    BENCHMARK_CHOICES,
+    NO_DECISIONS,
+    DecisionSummary,
+    benchmark_options,
+    decision_summary,
+    p_meets,
+    plan_marks,
+    table_benchmark,
+)
 from geodbk.viewer.layers import (
     DEFAULT_LAYER,
     LAYER_BY_KEY,
@@ -41,6 +61,8 @@ from geodbk.viewer.tiles import (
 from geodbk.viewer.units import READOUT_VARIABLES, PointPrediction, Series, cell_readout, slice_units
 
 __all__ = [
+    "BENCHMARK_CHOICES", "DecisionSummary", "HalfDistance", "NO_DECISIONS", "benchmark_options", "cell_km",
+    "decision_summary", "half_distance", "p_meets", "plan_marks", "posterior_correlation", "table_benchmark",
     "ALL_QUARTERS", "READOUT_VARIABLES", "Catalog", "DEFAULT_LAYER", "Fit", "LAYERS", "LAYER_BY_KEY", "Layer",
     "NEAR_KM", "PointPrediction", "Series", "at_quarter", "cell_readout", "change_span", "colour_limits",
     "correlation", "distance_km", "grid_cells_lonlat", "grid_quarters", "grid_units", "layer_cmap", "layer_label",

@@ -67,6 +67,14 @@ class Fit:
     def dataset_path(self) -> Path:
         return self.files.dataset
 
+    @property
+    def hexagons_path(self) -> Path:
+        return self.files.hexagons(self.kind)
+
+    @property
+    def plan_path(self) -> Path:
+        return self.files.plan(self.kind)
+
     def model(self) -> GeoModel:
         return loaders.load_model(str(self.model_path), stamp(self.model_path))
 
@@ -88,6 +96,27 @@ class Fit:
         :func:`geodbk.viewer.cells.grid_cells_lonlat`), (log10 units)²."""
         stamps = (stamp(self.model_path), stamp(self.grid_path))
         return loaders.prior_variance(str(self.model_path), str(self.grid_path), stamps, quarter)
+
+    def posterior_correlation(self, ref: tuple[float, float], quarter: str | None) -> np.ndarray:
+        """``(m,)`` posterior correlation (first target) between the grid cells inside the region
+        (see :func:`geodbk.viewer.cells.grid_cells_lonlat`) and ``ref`` (lon, lat) at ``quarter``."""
+        stamps = (stamp(self.model_path), stamp(self.grid_path))
+        ref = (float(ref[0]), float(ref[1]))
+        return loaders.cells_posterior_correlation(str(self.model_path), str(self.grid_path), stamps, ref, quarter)
+
+    def hexagons(self) -> gpd.GeoDataFrame | None:
+        """The run's hexagon table of this model (download and upload), or ``None`` when it has none."""
+        path = self.hexagons_path
+        return loaders.load_hexagons(str(path), stamp(path)) if path.exists() else None
+
+    def hexagon_columns(self) -> dict[str, object]:
+        """The hexagon table's plot columns (:func:`geodbk.viewer.decisions.hexagon_columns`)."""
+        return loaders.hexagon_plot_columns(str(self.hexagons_path), stamp(self.hexagons_path))
+
+    def plan(self) -> gpd.GeoDataFrame | None:
+        """The run's visit plan of this model, or ``None`` when it has none."""
+        path = self.plan_path
+        return loaders.load_plan(str(path), stamp(path)) if path.exists() else None
 
     def test_tiles(self) -> pd.DataFrame:
         """The run's test tiles with this model's predictions (:func:`geodbk.io.vectors.tile_predictions`)."""

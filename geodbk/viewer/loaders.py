@@ -22,6 +22,8 @@ from geodbk.io.vectors import tile_predictions
 from geodbk.maps.stores import open_grid
 from geodbk.maps.summaries import polygons_in_region, summarize_polygons
 from geodbk.viewer.cells import at_quarter, grid_cells_lonlat
+from geodbk.viewer.correlation import posterior_correlation
+from geodbk.viewer.decisions import check_table, hexagon_columns
 from geodbk.viewer.mercator import mercator_raster
 
 
@@ -61,6 +63,35 @@ def prior_variance(model_path: str, grid_path: str, stamps: tuple[float, float],
     (in the order of :func:`geodbk.viewer.cells.grid_cells_lonlat`), at ``quarter``."""
     lonlat, _ = grid_cells_lonlat(load_grid(grid_path, stamps[1]))
     return load_model(model_path, stamps[0]).prior_variance(lonlat, quarter)
+
+
+@functools.lru_cache(maxsize=32)
+def cells_posterior_correlation(
+    model_path: str, grid_path: str, stamps: tuple[float, float], ref: tuple[float, float], quarter: str | None
+) -> np.ndarray:
+    """``(m,)`` posterior correlation of the first target between the grid cells inside the
+    region (as :func:`prior_variance`) and ``ref`` at ``quarter``
+    (:func:`geodbk.viewer.correlation.posterior_correlation`)."""
+    lonlat, _ = grid_cells_lonlat(load_grid(grid_path, stamps[1]))
+    return posterior_correlation(load_model(model_path, stamps[0]), lonlat, ref, quarter)
+
+
+@functools.lru_cache(maxsize=8)
+def load_hexagons(path: str, stamp: float) -> gpd.GeoDataFrame:
+    """A run's hexagon table (``decisions/<kind>_h3.parquet``), its columns checked."""
+    return check_table(gpd.read_parquet(path))
+
+
+@functools.lru_cache(maxsize=8)
+def hexagon_plot_columns(path: str, stamp: float) -> dict[str, object]:
+    """:func:`geodbk.viewer.decisions.hexagon_columns` of a hexagon table (its Mercator rings)."""
+    return hexagon_columns(load_hexagons(path, stamp))
+
+
+@functools.lru_cache(maxsize=8)
+def load_plan(path: str, stamp: float) -> gpd.GeoDataFrame:
+    """A run's visit plan (``decisions/<kind>_plan.parquet``)."""
+    return gpd.read_parquet(path)
 
 
 @functools.lru_cache(maxsize=16)

@@ -42,6 +42,17 @@ def outline_paths(geometry: shapely.Geometry) -> list[np.ndarray]:
     return rings
 
 
+def circle_mercator(lon: float, lat: float, km: float, samples: int = 73) -> np.ndarray:
+    """``(samples, 2)`` Web Mercator metres of the circle of radius ``km`` (great-circle, small
+    radii) around ``(lon, lat)`` degrees, closed (first point repeated last)."""
+    earth_km = 6371.0088
+    bearing = np.linspace(0.0, 2.0 * np.pi, samples)
+    angle = np.degrees(km / earth_km)
+    lats = lat + angle * np.cos(bearing)
+    lons = lon + angle * np.sin(bearing) / np.cos(np.radians(lat))
+    return np.column_stack(TO_MERCATOR.transform(lons, lats))
+
+
 def mercator_raster(values: xr.DataArray) -> xr.DataArray:
     """A 2-D ``(y, x)`` grid variable (its CRS, else EPSG:4326; NaN outside the region) warped
     onto a Web Mercator raster (``x``/``y`` in metres, NaN where no cell maps)."""
