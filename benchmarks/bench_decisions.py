@@ -12,9 +12,11 @@ settings (the demo's schedule and density layer) and reused by every part:
    ``benchmarks/peers.py`` (``<peer>:map`` fitted on download and on upload apart, P = P_d P_u
    from their Gaussian measurement predictions).
 2. **Hexagons.** The test tiles of the latest quarter grouped by resolution-8 H3 hexagon
-   (hexagons with >= 2 of them): truth = the tiles' mean observed log10 download and upload both
-   reach the pair; prediction = the model's joint Gaussian of the hexagon's tile mean plus the
-   measurement noise of the average (sum_i per_test_i / tests_i / n^2), then its P(meets).
+   (hexagons with >= 2 of them), and those of every test quarter pooled (a random split holds
+   out too few neighbouring tiles in one quarter for a reliability table): truth = the tiles'
+   mean observed log10 download and upload both reach the pair; prediction = the model's joint
+   Gaussian of the hexagon's tile mean plus the measurement noise of the average
+   (sum_i per_test_i / tests_i / n^2), then its P(meets).
 3. **Planning** (spatial-block split): candidates = the hexagons holding test tiles of the latest
    quarter; ``plan_visits`` picks N of them on the joint posterior of their means (35/3); their
    held-out rows are revealed to the model (``GeoModel.condition``, no refit) and every
@@ -169,11 +171,11 @@ class Hexagons:
         return len(self.ids)
 
 
-def latest_hexagons(dataset: SpatialDataset, min_tiles: int) -> Hexagons:
-    """The test tiles of the dataset's latest quarter in resolution-:data:`H3_RESOLUTION` hexagons
-    holding at least ``min_tiles`` of them."""
+def test_hexagons(dataset: SpatialDataset, min_tiles: int, when: tuple[int, int] | None = None) -> Hexagons:
+    """The test tiles of quarter ``when`` (year, quarter; default the dataset's latest) in
+    resolution-:data:`H3_RESOLUTION` hexagons holding at least ``min_tiles`` of them."""
     frame = dataset.frame
-    year, quarter = max(zip(frame.year, frame.quarter, strict=True))
+    year, quarter = max(zip(frame.year, frame.quarter, strict=True)) if when is None else when
     tiles = frame[(frame.split == "test") & (frame.year == year) & (frame.quarter == quarter)]
     cells = np.array([h3.latlng_to_cell(lat, lon, H3_RESOLUTION)
                       for lon, lat in zip(tiles.lon, tiles.lat, strict=True)])
@@ -194,11 +196,9 @@ def hexagon_distribution(model: GeoModel, hexagons: Hexagons) -> tuple[np.ndarra
     """(H, 2) mean and (H, 2, 2) covariance of each hexagon's observed tile-mean average: the
     model's joint Gaussian of the mean plus the average's measurement noise (tiles weighted 1/n)."""
     lonlat = hexagons.tiles[["lon", "lat"]].to_numpy(np.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExtrapolationWarning)
-        grouped = model.posterior(lonlat, hexagons.quarter, groups=hexagons.groups, n_groups=hexagons.n_groups,
-                                  covariance=False)
-        points = model.posterior(lonlat, hexagons.quarter, covariance=False)
+    grouped = model.posterior(lonlat, hexagons.quarter, groups=hexagons.groups, n_groups=hexagons.n_groups,
+                              covariance=False)
+    points = model.posterior(lonlat, hexagons.quarter, covariance=False)
     weight = 1.0 / np.bincount(hexagons.groups)[hexagons.groups]
     tests = hexagons.tiles["tests"].to_numpy(np.float64)
     noise = np.zeros((hexagons.n_groups, 2, 2))
@@ -207,20 +207,26 @@ def hexagon_distribution(model: GeoModel, hexagons: Hexagons) -> tuple[np.ndarra
 
 
 def hexagon_scores(model: GeoModel, dataset: SpatialDataset) -> tuple[list[dict], dict[str, pd.DataFrame]]:
-    """Part 2 for one fitted model: a summary row per benchmark and the reliability tables."""
-    hexagons = latest_hexagons(dataset, min_tiles=2)
-    mean, covariance = hexagon_distribution(model, hexagons)
+    """Part 2 for one fitted model: a summary row per benchmark and reliability tables (keys
+    ``"<benchmark> <quarters>"``), for the latest quarter's hexagons and, where the test rows hold
+    several quarters, for every test quarter's hexagons pooled (``quarters`` = ``all``)."""
+    test = dataset.subset("test")
+    sets = [test_hexagons(dataset, 2, when) for when in sorted(set(zip(test.year, test.quarter, strict=True)))]
+    scored = [(h, *hexagon_distribution(model, h)) for h in sets if h.n_groups]
+    scopes = [(scored[-1][0].quarter, scored[-1:])] + ([("all", scored)] if len(scored) > 1 else [])
     rows, tables = [], {}
-    for name in BENCHMARKS:
-        levels = Benchmark.parse(name).log10_levels
-        truth, p = hexagon_truth(hexagons, levels), meets_probability(mean, covariance, levels)
-        marginal = [meets_probability(mean[:, [t]], covariance[:, [t]][:, :, [t]], levels[t:t + 1]) for t in (0, 1)]
-        independent = marginal[0] * marginal[1]
-        rows.append({"benchmark": name, "quarter": hexagons.quarter, "hexagons": hexagons.n_groups,
-                     "tiles": len(hexagons.tiles), "share": truth.mean(), "ECE": ece(p, truth),
-                     "Brier": brier(p, truth), "Brier_indep": brier(independent, truth),
-                     "p_min": float(p.min()), "p_max": float(p.max())})
-        tables[name] = reliability(p, truth)
+    for label, parts in scopes:
+        mean, covariance = np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+        for name in BENCHMARKS:
+            levels = Benchmark.parse(name).log10_levels
+            truth = np.concatenate([hexagon_truth(p[0], levels) for p in parts])
+            p = meets_probability(mean, covariance, levels)
+            marginal = [meets_probability(mean[:, [t]], covariance[:, [t]][:, :, [t]], levels[t:t + 1]) for t in (0, 1)]
+            rows.append({"benchmark": name, "quarters": label, "n_quarters": len(parts), "hexagons": len(truth),
+                         "tiles": sum(len(q[0].tiles) for q in parts), "share": truth.mean(), "ECE": ece(p, truth),
+                         "Brier": brier(p, truth), "Brier_indep": brier(marginal[0] * marginal[1], truth),
+                         "p_min": float(p.min()), "p_max": float(p.max())})
+            tables[f"{name} {'all' if label == 'all' else 'latest'}"] = reliability(p, truth)
     return rows, tables
 
 
@@ -240,12 +246,10 @@ def plan_simulation(model: GeoModel, dataset: SpatialDataset, budgets: list[int]
     """Part 3 for one model fitted on a spatial-block split: wrong decisions before and after N
     visits chosen by the plan, at random (mean of :data:`RANDOM_DRAWS` draws) and most uncertain first."""
     levels = Benchmark.parse(PLAN_BENCHMARK).log10_levels
-    hexagons = latest_hexagons(dataset, min_tiles=1)
+    hexagons = test_hexagons(dataset, min_tiles=1)
     truth = hexagon_truth(hexagons, levels)
     lonlat = hexagons.tiles[["lon", "lat"]].to_numpy(np.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExtrapolationWarning)
-        posterior = model.posterior(lonlat, hexagons.quarter, groups=hexagons.groups, n_groups=hexagons.n_groups)
+    posterior = model.posterior(lonlat, hexagons.quarter, groups=hexagons.groups, n_groups=hexagons.n_groups)
     before = wrong_decisions(model, hexagons, truth, levels)
     rows = []
     for budget in budgets:
@@ -293,7 +297,8 @@ def score_region(region: str, base: SpatialDataset, args: argparse.Namespace,
     tables and the spatial-block model and dataset, kept for part 3."""
     tile_rows, hex_rows, kept = [], [], {}
     reliability_tiles: dict[str, dict[str, pd.DataFrame]] = {b: {} for b in BENCHMARKS}
-    reliability_hex: dict[str, dict[str, pd.DataFrame]] = {b: {} for b in BENCHMARKS}
+    reliability_hex: dict[str, dict[str, pd.DataFrame]] = {f"{b} {q}": {} for b in BENCHMARKS
+                                                           for q in ("latest", "all")}
     for split in args.split_list:
         model, dataset, density, seconds = fit_job(region, base, split, 0, args, timer)
         if split == "spatial-block":
@@ -332,12 +337,15 @@ def score_region(region: str, base: SpatialDataset, args: argparse.Namespace,
     for name in BENCHMARKS:
         print(f"\n{region} tiles, geodbk P(meets {name}) reliability by split\n")
         print(wide_reliability(reliability_tiles[name]).to_string())
-    print(f"\n## {region}: resolution-{H3_RESOLUTION} hexagons with >= 2 test tiles of the latest quarter "
-          f"(ratio = Brier(geodbk) / Brier(its marginals as independent))\n")
+    print(f"\n## {region}: resolution-{H3_RESOLUTION} hexagons with >= 2 test tiles of one quarter, the latest or "
+          f"all test quarters pooled (ratio = Brier(geodbk) / Brier(its marginals as independent))\n")
     print(hexes.round(4).to_string(index=False))
-    for name in BENCHMARKS:
-        print(f"\n{region} hexagons, geodbk P(meets {name}) reliability by split\n")
-        print(wide_reliability(reliability_hex[name]).to_string())
+    for key, tables in reliability_hex.items():
+        name, scope = key.split()
+        if tables:
+            print(f"\n{region} hexagons ({scope} quarter{'s' if scope == 'all' else ''}), geodbk P(meets {name}) "
+                  "reliability by split\n")
+            print(wide_reliability(tables).to_string())
     sys.stdout.flush()
     return tiles.assign(region=region), hexes.assign(region=region), kept
 

@@ -41,24 +41,27 @@ def test_quick_run_prints_every_table() -> None:
         assert 0.0 <= float(r["p_min"]) <= float(r["p_max"]) <= 1.0
         assert all(0.0 <= float(r[c]) <= 1.0 for c in ("share", "ECE", "Brier", "Brier_indep", "Brier_lightgbm"))
 
-    for kind in ("tiles", "hexagons"):
-        for name in bench_decisions.BENCHMARKS:
-            table = _table(text, f"PR {kind}, geodbk P(meets {name}) reliability by split")
-            assert table[0] == ["spatial-block"] and table[1] == ["n", "mean_p", "observed"]
-            bins = table[3:]
-            assert [b[0] for b in bins] == [f"{k / 10:.1f}-{(k + 1) / 10:.1f}" for k in range(10)]
-            for k, (_, n, mean_p, observed) in enumerate(bins):
-                assert (n == "0") == (mean_p == "NaN") == (observed == "NaN")
-                if n != "0":  # printed to 3 decimals
-                    assert k / 10 - 5e-4 <= float(mean_p) <= (k + 1) / 10 + 5e-4
-                    assert 0.0 <= float(observed) <= 1.0
+    titles = [f"PR {kind}, geodbk P(meets {name})" for kind in ("tiles", "hexagons (latest quarter)",
+                                                             "hexagons (all quarters)")
+              for name in bench_decisions.BENCHMARKS]
+    for title in titles:
+        table = _table(text, title)
+        assert table[0] == ["spatial-block"] and table[1] == ["n", "mean_p", "observed"]
+        bins = table[3:]
+        assert [b[0] for b in bins] == [f"{k / 10:.1f}-{(k + 1) / 10:.1f}" for k in range(10)]
+        for k, (_, n, mean_p, observed) in enumerate(bins):
+            assert (n == "0") == (mean_p == "NaN") == (observed == "NaN")
+            if n != "0":  # printed to 3 decimals
+                assert k / 10 - 5e-4 <= float(mean_p) <= (k + 1) / 10 + 5e-4
+                assert 0.0 <= float(observed) <= 1.0
 
     hexes = _table(text, "## PR: resolution-8 hexagons")
-    assert hexes[0] == ["split", "benchmark", "quarter", "hexagons", "tiles", "share", "ECE", "Brier",
+    assert hexes[0] == ["split", "benchmark", "quarters", "n_quarters", "hexagons", "tiles", "share", "ECE", "Brier",
                         "Brier_indep", "p_min", "p_max", "ratio_indep"]
+    assert [(row[2], row[3]) for row in hexes[1:]] == [("2023Q3", "1")] * 2 + [("all", "2")] * 2
     for row in hexes[1:]:
         r = dict(zip(hexes[0], row, strict=True))
-        assert r["quarter"] == "2023Q3" and int(r["hexagons"]) > 10 and int(r["tiles"]) >= 2 * int(r["hexagons"])
+        assert int(r["hexagons"]) > 10 and int(r["tiles"]) >= 2 * int(r["hexagons"])
         assert 0.0 <= float(r["p_min"]) <= float(r["p_max"]) <= 1.0
 
     planning = _table(text, "## Planning (spatial-block)")
