@@ -34,6 +34,8 @@ import pandas as pd
 
 from geodbk.dataset.density import sample_density_tiles
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
+from geodbk.decisions.hexagon_summary import summarize_hexagons
+from geodbk.decisions.visits import plan_hexagon_visits
 from geodbk.errors import InputDataError, OutputExistsError
 from geodbk.fileio import (
     RUN_FOLDER,
@@ -52,6 +54,7 @@ from geodbk.io.geotiff import write_geotiff
 from geodbk.io.vectors import write_tile_predictions
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.reference import reference_points
+from geodbk.maps.summaries import write_summary
 from geodbk.maps.thresholds import DEFAULT
 from geodbk.models.config import TrainConfig
 
@@ -62,6 +65,10 @@ DEMO_MODELS = ("dbk-rbf", "sv-dkl", "knn")
 #: Kinds the demo fits on both download and upload (the headline; the others stay download-only
 #: so that the demo keeps to its time).
 PAIR_MODELS = ("dbk-rbf",)
+#: H3 resolution of the demo's hexagon summary and plan (resolution 8: about 0.7 km^2, the
+#: size of two zoom-16 tiles), and the visits its plan chooses.
+DEMO_H3_RESOLUTION = 8
+DEMO_PLAN_BUDGET = 25
 #: Seconds a fit waits for another process to finish writing the same run folder.
 RUN_LOCK_TIMEOUT_S = 120.0
 
@@ -100,6 +107,16 @@ class RunFolder:
         """``<run>/maps/<kind>_test_tiles.geojson``: test tiles with the model's predictions."""
         return self.root / "maps" / f"{kind}_test_tiles.geojson"
 
+    def hexagons(self, kind: str) -> Path:
+        """``<run>/decisions/<kind>_h3.parquet``: a two-target model's H3 hexagon summary
+        (:func:`geodbk.decisions.hexagon_summary.summarize_hexagons`, resolution :data:`DEMO_H3_RESOLUTION`)."""
+        return self.root / "decisions" / f"{kind}_h3.parquet"
+
+    def plan(self, kind: str) -> Path:
+        """``<run>/decisions/<kind>_plan.parquet``: where its next :data:`DEMO_PLAN_BUDGET` visits settle the most
+        (:func:`geodbk.decisions.visits.plan_hexagon_visits`)."""
+        return self.root / "decisions" / f"{kind}_plan.parquet"
+
     def looks_like_run(self) -> bool:
         """Whether :attr:`root` is missing, an empty folder, a run folder geodbk marked, or holds
         only run-folder entries (``dataset.parquet``, ``metrics.*``, ``models/``, ``maps/``,
@@ -111,7 +128,7 @@ class RunFolder:
             return False
         if output_kind(self.root) == RUN_FOLDER:
             return True
-        known = {self.dataset.name, self.metrics_csv.name, self.metrics_json.name, "models", "maps"}
+        known = {self.dataset.name, self.metrics_csv.name, self.metrics_json.name, "models", "maps", "decisions"}
         return all(entry.name in known or entry.name.startswith(".") for entry in self.root.iterdir())
 
     def check_fits(self, dataset: SpatialDataset, kinds: Sequence[str], *, overwrite: bool = False) -> None:
@@ -410,6 +427,13 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
         grid_ds.close()
         wrote(write_tile_predictions(model, dataset, run.test_tiles(kind)))
         seconds[f"maps {kind}"] = time.perf_counter() - t0
+        if len(model.targets) == 2:  # download and upload: where each hexagon stands, and where to test next
+            t0 = time.perf_counter()
+            hexagons = summarize_hexagons(model, DEMO_H3_RESOLUTION, progress=cfg.progress)
+            wrote(write_summary(hexagons, run.hexagons(kind)))
+            plan = plan_hexagon_visits(model, DEMO_PLAN_BUDGET, resolution=DEMO_H3_RESOLUTION, progress=cfg.progress)
+            wrote(write_summary(plan, run.plan(kind)))
+            seconds[f"decisions {kind}"] = time.perf_counter() - t0
     return DemoResult(final, dataset, models, table, refs, files, seconds)
 
 

@@ -1,8 +1,8 @@
-"""``geodbk`` command line: ingest, fit, predict, export, summarize, serve and the demo job.
+"""``geodbk`` command line: ingest, fit, predict, export, summarize, update, plan, serve and the demo job.
 
 Each subcommand is a thin wrapper over the public API, one module per group:
 :mod:`geodbk.cli.data` (ingest, fit), :mod:`geodbk.cli.maps` (predict, export, summarize)
-and :mod:`geodbk.cli.jobs` (serve, demo); shared options and checks are in
+:mod:`geodbk.cli.decisions` (update, plan) and :mod:`geodbk.cli.jobs` (serve, demo); shared options and checks are in
 :mod:`geodbk.cli.options`.
 
 Every failure is one line on stderr, ``geodbk <command>: error: ...``
@@ -25,12 +25,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from geodbk.cli import data, jobs, maps
+from geodbk.cli import data, decisions, jobs, maps
 from geodbk.cli.failures import USAGE_ERROR, failure, one_line, sigterm_as_exception
 from geodbk.fileio import overwrite_allowed
 
 #: Subcommands that write files, each with ``--overwrite``.
-WRITING_COMMANDS = ("ingest", "fit", "predict", "summarize", "export", "demo")
+WRITING_COMMANDS = ("ingest", "fit", "predict", "summarize", "export", "update", "plan", "demo")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (
         data._add_ingest, data._add_fit, maps._add_predict, maps._add_summarize, maps._add_export,
-        jobs._add_serve, jobs._add_demo,
+        decisions._add_update, decisions._add_plan, jobs._add_serve, jobs._add_demo,
     ):
         add(sub)
     for name, command in sub.choices.items():

@@ -168,6 +168,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--test-tiles", metavar="PATH", help="write the tiles here: *.geojson or *.parquet (GeoParquet)")
     t.add_argument("--split", default="test", choices=("train", "val", "test"),
                    help="which split's tiles (default test)")
+    t.add_argument("--benchmark", metavar="D/U",
+                   help="download/upload Mbps pair of a two-target model's p_meets columns, e.g. 35/3, 5/1, 7/1, "
+                   "100/20, 25/3 (default: the service's FCC pair, 35/3 mobile, 100/20 fixed)")
     p.set_defaults(handler=_run_export)
 
 
@@ -207,7 +210,8 @@ def _run_export(args: argparse.Namespace) -> int:
 
         model = GeoModel.load(args.model)
         dataset = SpatialDataset.load(args.dataset)
-        print(f"wrote {write_tile_predictions(model, dataset, args.test_tiles, split=args.split)}")
+        written = write_tile_predictions(model, dataset, args.test_tiles, split=args.split, benchmark=args.benchmark)
+        print(f"wrote {written}")
     return 0
 
 
