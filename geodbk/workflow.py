@@ -109,12 +109,12 @@ class RunFolder:
 
     def hexagons(self, kind: str) -> Path:
         """``<run>/decisions/<kind>_h3.parquet``: a two-target model's H3 hexagon summary
-        (:func:`geodbk.decisions.hexagon_summary.summarize_hexagons`, resolution :data:`DEMO_H3_RESOLUTION`)."""
+        (:func:`geodbk.decisions.hexagon_summary.summarize_hexagons`, :attr:`DemoConfig.h3_resolution`)."""
         return self.root / "decisions" / f"{kind}_h3.parquet"
 
     def plan(self, kind: str) -> Path:
-        """``<run>/decisions/<kind>_plan.parquet``: where its next :data:`DEMO_PLAN_BUDGET` visits settle the most
-        (:func:`geodbk.decisions.visits.plan_hexagon_visits`)."""
+        """``<run>/decisions/<kind>_plan.parquet``: where its next :attr:`DemoConfig.plan_budget` visits settle
+        the most (:func:`geodbk.decisions.visits.plan_hexagon_visits`)."""
         return self.root / "decisions" / f"{kind}_plan.parquet"
 
     def looks_like_run(self) -> bool:
@@ -223,6 +223,8 @@ class DemoConfig:
             (Mbps) or ``"latency"`` (ms).
         pair_models: the kinds fitted on every target of a two-target dataset (one model of both
             speeds, with ``p_meets`` maps); the other kinds model the first target only.
+        h3_resolution: H3 resolution of such a model's hexagon summary and plan.
+        plan_budget: visits in its plan.
         quarters: quarters like ``"2023Q4"``; ``None`` = all of 2019Q1-2023Q4.
         models: model kinds to fit (names of the model zoo).
         protocol: ``"space-time"`` (default) or the paper's ``"paper"`` (see
@@ -252,6 +254,8 @@ class DemoConfig:
     quarters: Sequence[str] | None = None
     models: Sequence[str] = DEMO_MODELS
     pair_models: Sequence[str] = PAIR_MODELS
+    h3_resolution: int = DEMO_H3_RESOLUTION
+    plan_budget: int = DEMO_PLAN_BUDGET
     protocol: str = "space-time"
     split: str = "random"
     map_quarter: str | None = None
@@ -429,9 +433,9 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
         seconds[f"maps {kind}"] = time.perf_counter() - t0
         if len(model.targets) == 2:  # download and upload: where each hexagon stands, and where to test next
             t0 = time.perf_counter()
-            hexagons = summarize_hexagons(model, DEMO_H3_RESOLUTION, progress=cfg.progress)
+            hexagons = summarize_hexagons(model, cfg.h3_resolution, progress=cfg.progress)
             wrote(write_summary(hexagons, run.hexagons(kind)))
-            plan = plan_hexagon_visits(model, DEMO_PLAN_BUDGET, resolution=DEMO_H3_RESOLUTION, progress=cfg.progress)
+            plan = plan_hexagon_visits(model, cfg.plan_budget, resolution=cfg.h3_resolution, progress=cfg.progress)
             wrote(write_summary(plan, run.plan(kind)))
             seconds[f"decisions {kind}"] = time.perf_counter() - t0
     return DemoResult(final, dataset, models, table, refs, files, seconds)

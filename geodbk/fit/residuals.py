@@ -212,13 +212,15 @@ class ResidualField:
         (n, 2) degrees, years (n,), residuals y - mu_GP, tile-mean and test-count variances (n,)."""
         assert self.test_var is not None  # set by __post_init__
         xy = self.projection.to_metres(tile_centres(np.asarray(lonlat, np.float64).reshape(-1, 2)))
+
+        def joined(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+            return np.concatenate([old, np.asarray(new, np.float64).reshape(-1)])
+
         return ResidualField(
-            self.kernel, self.projection, np.concatenate([self.xy_m, xy]),
-            *(np.concatenate([old, np.asarray(new, np.float64)]) for old, new in (
-                (self.years, years), (self.residual, residual), (self.noise_var, noise_var))),
+            self.kernel, self.projection, np.concatenate([self.xy_m, xy]), joined(self.years, years),
+            joined(self.residual, residual), joined(self.noise_var, noise_var),
             NEIGHBOURS if self.neighbours == len(self.residual) else self.neighbours,
-            self.horizon_rate, np.concatenate([self.test_var, np.asarray(test_var, np.float64)]),
-            self.metres_per_year, self.volatility,
+            self.horizon_rate, joined(self.test_var, test_var), self.metres_per_year, self.volatility,
         )
 
     def horizon_factor(self, years: np.ndarray | float) -> np.ndarray:

@@ -92,6 +92,7 @@ def target_posterior(
         point_factor = model.regressor.low_rank_factor(model.features(lonlat, time))
         if model.residuals is not None:
             years = model.inputs.years(time, n)
+            assert years is not None  # a model with a residual field has a time axis
             scale = model.residuals.kernel.variance_scale * model.residuals.variance_factor(lonlat, years)
             point_factor *= np.sqrt(scale)[:, None]
         factor = np.zeros((n_sites, point_factor.shape[1]))

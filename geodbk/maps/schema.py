@@ -340,7 +340,7 @@ class GridLayers:
         """Every variable at ``lonlat`` (m, 2) degrees: (m,), or (T, m) / (k, m) with a lead dim."""
         per_quarter: dict[str, list[np.ndarray]] = {name: [] for name in self.per_quarter_names()}
         m = len(lonlat)
-        others = [None] * len(self.quarters)
+        others: list[Any] = [None] * len(self.quarters)
         if self.other_target is not None:
             others = model.for_target(self.other_target).predict_series(lonlat, self.quarters)
         for pred, other in zip(model.predict_series(lonlat, self.quarters), others, strict=True):
