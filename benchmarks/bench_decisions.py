@@ -67,7 +67,7 @@ N_BINS = 10
 #: Goals of the issue.
 MAX_ECE, VS_INDEPENDENT, VS_GPBOOST, VS_RANDOM, VS_UNCERTAIN = 0.03, 0.95, 0.95, 0.75, 0.90
 #: The --quick smoke run: two quarters of PR, a tiny model, one split, one budget.
-QUICK = {"regions": "PR", "splits": "spatial-block", "seeds": "0", "peers": "lightgbm", "budgets": "10",
+QUICK = {"regions": "PR", "splits": "spatial-block", "seeds": "0", "peers": "lightgbm", "budgets": "3",
          "quarters": "2023Q2,2023Q3"}
 QUICK_FIT = {"hidden": 8, "rank": 8, "epochs": 1, "area_criterion": False}
 ROW_COLUMNS = ["lon", "lat", "year", "quarter", "tests", "y", "y_upload"]

@@ -89,7 +89,8 @@ def build_tiny_run(run: Path) -> Path:
     from geodbk.workflow import DemoConfig, run_demo
 
     config = DemoConfig(
-        quarters=list(QUARTERS), models=KINDS, epochs=2, resolution=GRID_RESOLUTION, device="cpu", progress=False
+        quarters=list(QUARTERS), models=KINDS, epochs=2, resolution=GRID_RESOLUTION, device="cpu", progress=False,
+        h3_resolution=7, plan_budget=5,
     )
     run_demo(run, config, echo=lambda line: None)
     return run

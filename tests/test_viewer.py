@@ -486,7 +486,8 @@ def run_folder(tmp_path_factory) -> Path:
 
     run = tmp_path_factory.mktemp("viewer") / "run"
     config = DemoConfig(
-        quarters=QUARTERS[1:], models=("dbk-rbf", "knn"), epochs=1, resolution=0.05, device="cpu", progress=False
+        quarters=QUARTERS[1:], models=("dbk-rbf", "knn"), epochs=1, resolution=0.05, device="cpu", progress=False,
+        h3_resolution=7, plan_budget=5,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the knn baseline extrapolates at a few coastal cells

@@ -25,7 +25,7 @@ KINDS = ("dbk-rbf", "sv-rbf", "knn")
 def demo(tmp_path_factory):
     lines: list[str] = []
     config = DemoConfig(quarters=["2023Q3", "2023Q4"], models=KINDS, epochs=2, resolution=0.02, progress=False,
-                        device="cpu")
+                        device="cpu", h3_resolution=7, plan_budget=3)
     result = run_demo(tmp_path_factory.mktemp("run"), config, echo=lines.append)
     return result, lines
 
@@ -36,6 +36,7 @@ def test_run_folder_has_every_documented_file(demo) -> None:
     expected = [run.dataset, run.metrics_csv, run.metrics_json]
     for kind in KINDS:
         expected += [run.model(kind), run.map_netcdf(kind), run.map_geotiff(kind), run.test_tiles(kind)]
+    expected += [run.hexagons("dbk-rbf"), run.plan("dbk-rbf")]  # the one model of both speeds
     for path in expected:
         assert path.is_file() and path.stat().st_size > 0, path
     assert sorted(result.files) == sorted(expected)
@@ -45,6 +46,9 @@ def test_run_folder_has_every_documented_file(demo) -> None:
     assert run.test_tiles("sv-rbf") == run.root / "maps" / "sv-rbf_test_tiles.geojson"
     text = "\n".join(lines)
     assert "SpatialDataset" in text and "coverage95" in text and "wildland" in text
+    assert "fitted dbk-rbf (download and upload; error correlation" in text
+    plan = gpd.read_parquet(run.plan("dbk-rbf"))
+    assert list(plan["rank"]) == [1, 2, 3] and plan["expected_wrong_after"].is_monotonic_decreasing
 
 
 def test_metrics_table_by_model_and_group(demo) -> None:
