@@ -67,10 +67,11 @@ def test_quick_run_prints_every_table() -> None:
     planning = _table(text, "## Planning (spatial-block)")
     assert planning[0] == ["region", "seed", "N", "hexagons", "wrong_before", "plan", "uncertain", "random",
                            "vs_random", "vs_uncertain", "fixed_plan", "fixed_random", "fixed_uncertain"]
-    assert len(planning) == 2 and planning[1][:3] == ["PR", "0", "10"]
+    budget = bench_decisions.QUICK["budgets"]
+    assert len(planning) == 2 and planning[1][:3] == ["PR", "0", budget]
     r = dict(zip(planning[0], planning[1], strict=True))
     for name in ("plan", "uncertain", "random"):
         assert 0.0 <= float(r[name]) <= int(r["hexagons"])
-    assert re.search(r"^(PASS|FAIL)  PR N=10 planning", text, re.MULTILINE)
+    assert re.search(rf"^(PASS|FAIL)  PR N={budget} planning", text, re.MULTILINE)
     assert re.search(r"^seconds: PR geodbk fits \d+", text, re.MULTILINE)
 
