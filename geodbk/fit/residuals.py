@@ -29,43 +29,39 @@ Queries are snapped to the centre of their zoom-16 tile, so a map cell takes its
 value. The seven hyperparameters are chosen by the Gaussian NLL on validation rows plus that
 of validation areas' mean residuals (2 and 5 km squares of one quarter,
 :func:`~geodbk.fit.validation_areas.square_areas`), by bounded L-BFGS-B in log space with
-finite-difference gradients (run to convergence, a few hundred evaluations), in the spirit
-of the ``knn`` baseline's k. The tiles fix each row's variance; the areas fix how much of it
+the criterion's exact gradient (:mod:`geodbk.fit.kernel_search`), in the spirit of the
+``knn`` baseline's k. The tiles fix each row's variance; the areas fix how much of it
 neighbouring tiles share.
 Places far from any training tile get no correction and a larger variance.
 
-Size: conditioning, change and area variances, and the fit's tile and area criteria all read
-the one neighbourhood geometry and batched solve (:meth:`ResidualField._geometry`,
-:meth:`ResidualField._solve`); split apart, they would reach into each other's private parts.
+The kernel and the batched kriging solve live in :mod:`geodbk.fit.local_kernel`, and the
+hyperparameter criterion, with its exact gradient, in :mod:`geodbk.fit.kernel_search`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from scipy.optimize import minimize, minimize_scalar
+from scipy.optimize import minimize_scalar
 from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import ProjectedTransform
+from geodbk.fit.kernel_search import AreaTerm, KernelCriterion, TileTerm, search_kernel
+from geodbk.fit.local_kernel import LocalKernel, Neighbourhoods, krige
 from geodbk.fit.metrics import nll
 from geodbk.fit.validation_areas import AreaGroups
 from geodbk.fit.volatility import FIT_ROWS as VOLATILITY_FIT_ROWS
 from geodbk.fit.volatility import LocalVolatility
-from geodbk.ingest.quadkey import SAME_TILE_M, tile_centres
+from geodbk.ingest.quadkey import tile_centres
 from geodbk.prediction import Prediction
 
 #: Training rows each prediction is conditioned on.
 NEIGHBOURS = 16
-#: Validation rows used to choose the hyperparameters, and the optimiser's iteration cap.
-#: L-BFGS-B converges in 30-45 iterations (260-430 evaluations) on PR and HI. Nelder-Mead,
-#: used before, had not converged at 200 iterations, so its answer moved with 1e-5 changes
-#: in the GP (a two-process fit against a one-process one: NLL 0.002 apart).
+#: Validation rows used to choose the hyperparameters (:mod:`geodbk.fit.kernel_search`).
 FIT_ROWS = 3000
-FIT_ITERATIONS = 200
 #: Validation rows of the last training quarter needed to estimate the forecast variance.
 MIN_FORECAST_ROWS = 30
 #: Rows per batched solve (bounds the (rows, m, m) temporaries to about 30 MB).
@@ -82,64 +78,6 @@ _QUERY_BLOCK = 2048
 #: On the random splits' validation rows, 500 m was 0.002 better on PR and 0.001 worse on HI;
 #: 100 and 1,000 m were worse on both, 2,000 m on HI.
 NEIGHBOUR_METRES_PER_YEAR = 250.0
-#: Bounds of the hyperparameters in :meth:`ResidualField.fit` (LocalKernel field order): no
-#: variance above 1 (a factor of 10 in speed at one sd), time scales between a quarter and 20
-#: years. Without them a validation set whose tiles all have training rows leaves an unseen
-#: tile's variance free to run off. Ranges between a tile and 10 km: the field is local, and
-#: longer-range structure belongs to the deep kernel. The validation NLL hardly tells ranges
-#: apart (HI random: 0.6319 at 45 km, 0.6325 at 4 km), but 16 nearest rows cannot pin down a
-#: long-range part, so an area's variance then keeps it: HI validation county z sd 0.62 with
-#: the earlier 50 km bound, 0.82 with 10 km (PR 0.98 and 1.00).
-_BOUNDS = ((0.05, 2.0), (1e-5, 1.0), (1e-5, 1.0), (0.25, 20.0), (1e-5, 1.0), (50.0, 10_000.0), (0.05, 4.0))
-
-
-@dataclass(frozen=True)
-class LocalKernel:
-    """Hyperparameters of the local residual kernel (variances in (log10 units)^2).
-
-    Attributes:
-        variance_scale: s, the factor on the GP's own variance (0 < s, usually < 1).
-        tile_var: variance of a tile's persistent offset.
-        tile_time_var: variance of a tile's offset that decays with time.
-        time_scale: years over which the decaying parts forget.
-        local_var: variance of the short-range spatial part.
-        range_m: its range, metres.
-        test_noise_scale: s_t, the factor on the GP's test-count noise sigma1^2 / tests.
-    """
-
-    variance_scale: float = 0.7
-    tile_var: float = 0.03
-    tile_time_var: float = 0.04
-    time_scale: float = 1.5
-    local_var: float = 0.02
-    range_m: float = 1500.0
-    test_noise_scale: float = 0.7
-
-    def to_vector(self) -> np.ndarray:
-        return np.log(np.array(list(asdict(self).values())))
-
-    @classmethod
-    def from_vector(cls, v: np.ndarray) -> LocalKernel:
-        return cls(*map(float, np.exp(v)))
-
-    @property
-    def prior_var(self) -> float:
-        """k_local(x, x)."""
-        return self.tile_var + self.tile_time_var + self.local_var
-
-    def combine(self, gp: np.ndarray, local: np.ndarray | float, test_noise: np.ndarray | float = 0.0) -> np.ndarray:
-        """The map model's (co)variance from its parts: ``s * gp + local``, plus ``s_t * test_noise``
-        for a measurement (``test_noise`` the GP's sigma1^2 / tests)."""
-        return self.variance_scale * gp + local + self.test_noise_scale * np.asarray(test_noise)
-
-    def __call__(self, distance_m: np.ndarray, dt_years: np.ndarray) -> np.ndarray:
-        """k_local for arrays of distances (metres) and time lags (years) of the same shape."""
-        decay = np.exp(-np.abs(dt_years) / self.time_scale)
-        same = distance_m < SAME_TILE_M
-        local = self.local_var * np.exp(-distance_m / self.range_m) * decay
-        return same * (self.tile_var + self.tile_time_var * decay) + local
-
-
 @dataclass
 class ResidualField:
     """The training residuals of a GP and the local kernel that spreads them.
@@ -201,7 +139,7 @@ class ResidualField:
         mean, var = np.empty(len(lonlat)), np.empty(len(lonlat))
         for start in range(0, len(lonlat), _CHUNK):
             rows = slice(start, start + _CHUNK)
-            mean[rows], var[rows], _ = self._solve(self._geometry(lonlat[rows], years[rows]), self.kernel)
+            mean[rows], var[rows], _ = self._solve(self.neighbourhoods(lonlat[rows], years[rows]), self.kernel)
         return mean, var
 
     def with_rows(
@@ -252,52 +190,33 @@ class ResidualField:
             distance, found = self._nearest(self.xy_m[rows], self.years[rows], k)
             own = found == rows[:, None]  # the row itself, unless a tie pushed it out: then drop the last
             keep = np.where(own.any(1)[:, None], ~own, np.arange(k)[None, :] < k - 1)
-            geometry = self._around(
-                distance[keep].reshape(len(rows), k - 1), found[keep].reshape(len(rows), k - 1), self.years[rows])
-            kriged, conditional, _ = self._solve(geometry, self.kernel)
+            hoods = Neighbourhoods.around(self.xy_m, self.years, distance[keep].reshape(len(rows), k - 1),
+                                          found[keep].reshape(len(rows), k - 1), self.years[rows])
+            kriged, conditional, _ = self._solve(hoods, self.kernel)
             error[rows] = self.residual[rows] - kriged
             var[rows] = conditional + self._row_noise(rows, self.kernel)
         return error, var
 
-    def _geometry(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
-        """What conditioning needs besides the kernel: neighbour indices (n, m), query-neighbour
-        distances and lags (n, m), and neighbour-neighbour distances and lags (n, m, m)."""
-        return self._around(*self._neighbourhoods(lonlat, years), years)
-
-    def _around(self, distance: np.ndarray, index: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:meth:`_geometry` of queries at ``years`` (n,) from their neighbours' distances in
-        metres and indices, (n, m), as :meth:`_nearest` gives them."""
-        xy, t = self.xy_m[index], self.years[index]  # (n, m, 2), (n, m)
-        pairwise = np.sqrt(((xy[:, :, None, :] - xy[:, None, :, :]) ** 2).sum(-1))
-        return index, distance, years[:, None] - t, pairwise, t[:, :, None] - t[:, None, :]
-
-    def _gram(
-        self, index: np.ndarray, pairwise: np.ndarray, pairwise_lag: np.ndarray, kernel: LocalKernel
-    ) -> np.ndarray:
-        """A = K_mm + D_m, (n, m, m): the neighbours' local kernel plus their rescaled noise."""
-        gram = kernel(pairwise, pairwise_lag)
-        diagonal = np.arange(index.shape[1])
-        gram[:, diagonal, diagonal] += self._row_noise(index, kernel)
-        return gram
+    def neighbourhoods(self, lonlat: np.ndarray, years: np.ndarray) -> Neighbourhoods:
+        """The :class:`~geodbk.fit.local_kernel.Neighbourhoods` of the tiles of ``lonlat`` (n, 2)
+        degrees at ``years`` (n,): their m nearest training rows in space and time."""
+        distance, index = self._neighbourhoods(lonlat, years)
+        return Neighbourhoods.around(self.xy_m, self.years, distance, index, years)
 
     def _row_noise(self, index: np.ndarray, kernel: LocalKernel) -> np.ndarray:
         """The noise of training rows ``index`` (any shape): their rescaled GP variances
         ``s noise_var + s_t test_var``."""
         assert self.test_var is not None  # set by __post_init__
-        return kernel.combine(self.noise_var[index], 0.0, self.test_var[index])
+        return np.asarray(kernel.combine(self.noise_var[index], 0.0, self.test_var[index]))
 
-    def _solve(
-        self, geometry: tuple[np.ndarray, ...], kernel: LocalKernel
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Kriged mean and conditional variance at the geometry's queries, (n,), and the kriging
-        weights A^{-1} k_m, (n, m)."""
-        index, distance, lag, pairwise, pairwise_lag = geometry
-        cross = kernel(distance, lag)  # (n, m)
-        rhs = np.stack([self.residual[index], cross], axis=-1)
-        solved = np.linalg.solve(self._gram(index, pairwise, pairwise_lag, kernel), rhs)  # (n, m, 2)
-        mean = (cross * solved[..., 0]).sum(-1)
-        var = np.maximum(kernel.prior_var - (cross * solved[..., 1]).sum(-1), 0.0)
-        return mean, var, solved[..., 1]
+    def _solve(self, hoods: Neighbourhoods, kernel: LocalKernel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Kriged mean and conditional variance at the queries, (n,), and the kriging weights
+        A^{-1} k_m, (n, m) (:func:`~geodbk.fit.local_kernel.krige` of this field's rows)."""
+        with torch.no_grad():
+            solved = krige(kernel, hoods, torch.as_tensor(self.residual[hoods.index]),
+                           torch.as_tensor(self._row_noise(hoods.index, kernel)))
+        mean, var, weights = (t.numpy() for t in solved)
+        return mean, var, weights
 
     def prior_covariance(self, lonlat: np.ndarray, ref_lonlat: np.ndarray) -> np.ndarray:
         """k_local between the tiles of ``lonlat`` (n, 2) and ``ref_lonlat`` (k, 2) degrees at one
@@ -327,11 +246,12 @@ class ResidualField:
         var = np.empty(n)
         for start in range(0, n, _CHUNK):
             rows = slice(start, start + _CHUNK)
-            geometry_a = self._geometry(lonlat[rows], years_from[rows])
-            geometry_b = self._geometry(lonlat[rows], years_to[rows])
-            _, var_a, z_a = self._solve(geometry_a, kernel)
-            _, var_b, z_b = self._solve(geometry_b, kernel)
-            (index_a, distance_a, lag_a), (index_b, distance_b, lag_b) = geometry_a[:3], geometry_b[:3]
+            hoods_a = self.neighbourhoods(lonlat[rows], years_from[rows])
+            hoods_b = self.neighbourhoods(lonlat[rows], years_to[rows])
+            _, var_a, z_a = self._solve(hoods_a, kernel)
+            _, var_b, z_b = self._solve(hoods_b, kernel)
+            index_a, distance_a, lag_a = hoods_a.index, hoods_a.distance, hoods_a.lag
+            index_b, distance_b, lag_b = hoods_b.index, hoods_b.distance, hoods_b.lag
             step = (years_to[rows] - years_from[rows])[:, None]
             # k(y_a, r_b) and k(y_b, r_a): the lags are from each neighbourhood's rows to the other time
             cross = (z_a * kernel(distance_a, lag_a + step)).sum(-1) + (z_b * kernel(distance_b, lag_b - step)).sum(-1)
@@ -371,9 +291,9 @@ class ResidualField:
         index, kriging = np.empty((len(lonlat), self.neighbours), np.int64), np.empty((len(lonlat), self.neighbours))
         for start in range(0, len(lonlat), _CHUNK):
             rows = slice(start, start + _CHUNK)
-            geometry = self._geometry(lonlat[rows], years[rows])
-            shift[rows], var[rows], kriging[rows] = self._solve(geometry, self.kernel)
-            index[rows] = geometry[0]
+            hoods = self.neighbourhoods(lonlat[rows], years[rows])
+            shift[rows], var[rows], kriging[rows] = self._solve(hoods, self.kernel)
+            index[rows] = hoods.index
         xy = self.projection.to_metres(tile_centres(lonlat))
         w, groups = np.asarray(weights, np.float64), np.asarray(groups, dtype=np.int64)
         out = np.zeros(n_groups)
@@ -454,25 +374,13 @@ class ResidualField:
         pick = np.random.default_rng(seed).permutation(len(val_residual))[:FIT_ROWS]
         lonlat, years = np.asarray(val_lonlat)[pick], np.asarray(val_years, np.float64)[pick]
         residual, var, test_var = np.asarray(val_residual)[pick], np.asarray(val_var)[pick], val_test_var[pick]
-        geometry = field._geometry(lonlat, years)
-
-        area_nll = None if val_areas is None else field._area_nll(
-            val_areas, np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64),
+        tiles = TileTerm(field.neighbourhoods(lonlat, years), torch.as_tensor(residual, dtype=torch.float64),
+                         torch.as_tensor(var, dtype=torch.float64), torch.as_tensor(test_var, dtype=torch.float64))
+        areas = None if val_areas is None else AreaTerm.build(
+            field, val_areas, np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64),
             np.asarray(val_residual, np.float64), val_test_var,
         )
-
-        def criterion(vector: np.ndarray) -> float:
-            kernel = LocalKernel.from_vector(vector)
-            mean, cond, _ = field._solve(geometry, kernel)
-            total = kernel.combine(var, cond, test_var)
-            tiles = nll(residual, Prediction(mean, np.sqrt(total)))
-            return tiles if area_nll is None else tiles + area_nll(kernel)
-
-        bounds = [(np.log(low), np.log(high)) for low, high in _BOUNDS]
-        best = minimize(
-            criterion, LocalKernel().to_vector(), method="L-BFGS-B", bounds=bounds, options={"maxiter": FIT_ITERATIONS}
-        )
-        field.kernel = LocalKernel.from_vector(best.x)
+        field.kernel = search_kernel(KernelCriterion(field, tiles, areas))
         field.horizon_rate = field._pseudo_forecast_rate(
             np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64),
             np.asarray(val_residual, np.float64), np.asarray(val_var, np.float64), val_test_var,
@@ -486,48 +394,6 @@ class ResidualField:
             field.kernel.combine(np.asarray(val_var, np.float64)[pick], conditional, val_test_var[pick]),
         )
         return field
-
-    def _area_nll(
-        self, areas: AreaGroups, lonlat: np.ndarray, years: np.ndarray, residual: np.ndarray, test_var: np.ndarray
-    ) -> Callable[[LocalKernel], float]:
-        """The NLL of the areas' mean residuals as a function of the local kernel: their kriged
-        mean and ``s gp_var + local + s_t sum_i w_i^2 test_var_i`` with ``local`` the sum of
-        each pair's conditional covariance, as in :meth:`area_condition`. The geometry of every
-        ordered pair of rows in an area (and of one's neighbours to the other) is set up once.
-        ``lonlat`` (n, 2), ``years``, ``residual``, ``test_var`` (n,): the validation rows."""
-        unique, member = np.unique(areas.rows, return_inverse=True)
-        member = member.reshape(-1)
-        geometry = self._geometry(lonlat[unique], years[unique])
-        neighbours = geometry[0]
-        xy = self.projection.to_metres(tile_centres(lonlat[unique]))
-        order = np.argsort(areas.groups, kind="stable")
-        starts = np.searchsorted(areas.groups[order], np.arange(areas.n_areas + 1))
-        first, second = [], []
-        for g in range(areas.n_areas):
-            inside = order[starts[g]:starts[g + 1]]
-            first.append(np.repeat(inside, len(inside)))
-            second.append(np.tile(inside, len(inside)))
-        a, b = member[np.concatenate(first)], member[np.concatenate(second)]
-        pair_group = areas.groups[np.concatenate(first)]
-        distance = np.sqrt(((xy[a] - xy[b]) ** 2).sum(-1))
-        lag = years[unique][a] - years[unique][b]
-        to_other = np.sqrt(((self.xy_m[neighbours[a]] - xy[b][:, None, :]) ** 2).sum(-1))  # (pairs, m)
-        to_other_lag = self.years[neighbours[a]] - years[unique][b][:, None]
-        size = np.bincount(areas.groups, minlength=areas.n_areas).astype(np.float64)
-        w = 1.0 / size[areas.groups]
-        pair_w = 1.0 / size[pair_group] ** 2
-        observed = np.bincount(areas.groups, weights=w * residual[areas.rows], minlength=areas.n_areas)
-        noise = np.bincount(areas.groups, weights=w**2 * test_var[areas.rows], minlength=areas.n_areas)
-
-        def area_criterion(kernel: LocalKernel) -> float:
-            mean, _, kriging = self._solve(geometry, kernel)
-            covariance = kernel(distance, lag) - (kriging[a] * kernel(to_other, to_other_lag)).sum(-1)
-            local = np.maximum(np.bincount(pair_group, weights=pair_w * covariance, minlength=areas.n_areas), 0.0)
-            area_mean = np.bincount(areas.groups, weights=w * mean[member], minlength=areas.n_areas)
-            var = kernel.combine(areas.gp_var, local, noise)
-            return nll(observed, Prediction(area_mean, np.sqrt(var)))
-
-        return area_criterion
 
     def _pseudo_forecast_rate(
         self, lonlat: np.ndarray, years: np.ndarray, residual: np.ndarray, gp_var: np.ndarray, test_var: np.ndarray
