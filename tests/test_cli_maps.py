@@ -139,7 +139,7 @@ def test_help_states_units_and_the_real_defaults() -> None:
 
     # the defaults the help promises are the ones DemoConfig uses
     schedule = d.train_config()
-    assert says(f"(default {schedule.epochs} at lr {schedule.lr:g}, batch {schedule.batch_size})")
+    assert says(f"(default {schedule.epochs} at lr {schedule.lr:g}, batch {schedule.batch_size};")
     # explicit values win over either schedule
     assert DemoConfig(paper_size=True, epochs=5).train_config().epochs == 5
     assert DemoConfig(epochs=7, lr=0.5).train_config().lr == 0.5

@@ -44,7 +44,8 @@ class DBKRegressor(RegressorMixin, BaseEstimator):
     preset : str, default="cpu"
         The named size and schedule (:func:`geodbk.models.run_preset`) that ``hidden``,
         ``rank``, ``epochs``, ``lr`` and ``batch_size`` default to: ``"cpu"`` (h = 64,
-        r = 128, 40 epochs of batch 1024 at lr 1e-2) or ``"paper"``.
+        r = 128, 20 epochs of batch 1024 at lr 1e-2, the batch doubled for more rows:
+        :meth:`~geodbk.models.config.RunPreset.schedule`) or ``"paper"``.
     hidden, rank : int or None, default=None
         Backbone width h and basis rank r; ``None`` takes the preset's.
     epochs, batch_size : int or None, default=None
@@ -189,6 +190,7 @@ class DBKRegressor(RegressorMixin, BaseEstimator):
             if tests_val is not None:
                 tests_val = check_array(tests_val, ensure_2d=False, dtype=np.float64)
         model_config, train_config = run_preset(self.preset).configs(
+            len(X),
             hidden=self.hidden,
             rank=self.rank,
             epochs=self.epochs,

@@ -131,7 +131,8 @@ def _fit_target(
     )
     inputs = rules.input_space(dataset, density)
     model_config, train_config = rules.fit_configs(
-        inputs, preset, min_wavelength_m=min_wavelength_m, coordinate_jitter_m=coordinate_jitter_m, **overrides
+        inputs, preset, n_rows=int((dataset.frame["split"] == "train").sum()), min_wavelength_m=min_wavelength_m,
+        coordinate_jitter_m=coordinate_jitter_m, **overrides,
     )
 
     def rows(part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -90,13 +90,16 @@ class Protocol:
         protocol, with another layer's test density when ``density_tiles`` are given."""
         return InputSpace.for_dataset(dataset, self.name, density_tiles)
 
-    def configs(self, preset: str = "cpu", **overrides: Any) -> tuple[ModelConfig, TrainConfig]:
+    def configs(
+        self, preset: str = "cpu", n_rows: int | None = None, **overrides: Any
+    ) -> tuple[ModelConfig, TrainConfig]:
         """``(ModelConfig, TrainConfig)``: this protocol's defaults, then the preset's size and
-        schedule (``"cpu"`` or ``"paper"``), then ``overrides`` (fields of either config; ``None``
-        values are ignored)."""
+        schedule (``"cpu"`` or ``"paper"``) for ``n_rows`` training rows
+        (:meth:`~geodbk.models.config.RunPreset.schedule`), then ``overrides`` (fields of either
+        config; ``None`` values are ignored)."""
         given = {key: value for key, value in overrides.items() if value is not None}
         defaults = {key: value for key, value in self.model_defaults if key not in given}
-        model, train = run_preset(preset).configs(**given)
+        model, train = run_preset(preset).configs(n_rows, **given)
         return replace(model, **defaults), train
 
     def fit_configs(
@@ -104,15 +107,16 @@ class Protocol:
         inputs: InputSpace,
         preset: str = "cpu",
         *,
+        n_rows: int | None = None,
         min_wavelength_m: float = MIN_WAVELENGTH_M,
         coordinate_jitter_m: float | None = None,
         **overrides: Any,
     ) -> tuple[ModelConfig, TrainConfig]:
-        """:meth:`configs` for a fit on ``inputs``, with the settings given in metres put into its
-        unit coordinates: the encoding's shortest wavelength ``min_wavelength_m`` and the
+        """:meth:`configs` for a fit on ``inputs`` of ``n_rows`` training rows, with the settings
+        given in metres put into its unit coordinates: the encoding's shortest wavelength ``min_wavelength_m`` and the
         coordinate jitter ``coordinate_jitter_m`` (``None`` = this protocol's; a
         ``coordinate_jitter`` override in input units wins)."""
-        model, train = self.configs(preset, **overrides)
+        model, train = self.configs(preset, n_rows, **overrides)
         model = with_encoding_wavelength(model, inputs, min_wavelength_m)
         if overrides.get("coordinate_jitter") is None:
             jitter_m = self.coordinate_jitter_m if coordinate_jitter_m is None else coordinate_jitter_m

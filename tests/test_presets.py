@@ -1,0 +1,40 @@
+"""The named presets' schedules: the CPU preset's batch grows with the training rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from geodbk.fit.protocol import SPACE_TIME
+from geodbk.models.config import CPU, PAPER, run_preset
+
+
+@pytest.mark.parametrize(
+    ("n_rows", "batch"),
+    [(None, 1024), (500, 1024), (27_000, 1024), (51_199, 1024), (51_200, 2048), (113_000, 4096),
+     (204_800, 8192), (10_000_000, 8192)],
+)
+def test_cpu_batch_doubles_while_an_epoch_keeps_25_steps(n_rows, batch):
+    """PR's 113k training rows train at batch 4096 (27 steps an epoch), HI's 27k at 1024; the
+    learning rate grows with the square root of the batch; the batch stops at 8192."""
+    got, lr = CPU.schedule(n_rows)
+    assert got == batch
+    assert lr == pytest.approx(CPU.lr * math.sqrt(batch / 1024))
+    if n_rows is not None and batch > CPU.batch_size:
+        assert n_rows / batch >= 25
+    if n_rows is not None and batch < CPU.max_batch_size:
+        assert n_rows / (2 * batch) < 25
+
+
+def test_explicit_settings_win_over_the_scaled_schedule():
+    _, train = CPU.configs(113_000)
+    assert (train.batch_size, train.lr, train.epochs) == (4096, pytest.approx(0.02), 20)
+    _, train = CPU.configs(113_000, batch_size=512)
+    assert (train.batch_size, train.lr) == (512, CPU.lr)  # an explicit batch keeps the preset's lr
+    _, train = CPU.configs(113_000, lr=0.5, epochs=3)
+    assert (train.batch_size, train.lr, train.epochs) == (4096, 0.5, 3)
+    # the paper's schedule is fixed, and a fit passes its training rows through the protocol
+    assert PAPER.schedule(10_000_000) == (PAPER.batch_size, PAPER.lr)
+    assert run_preset("paper").configs(10_000_000)[1].batch_size == 1024
+    assert SPACE_TIME.configs("cpu", 113_000)[1].batch_size == 4096
