@@ -55,15 +55,22 @@ def make_optimizer(model: ZooModel, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with ``cfg.weight_decay`` on the backbone parameters and none elsewhere.
 
     On CUDA it is ``capturable`` (its step count lives on the device), so that
-    :class:`TrainingStep` can capture it in a CUDA graph.
+    :class:`TrainingStep` can capture it in a CUDA graph. On the CPU it is ``fused``: one
+    kernel per parameter instead of the single-tensor loop's dozen (PyTorch's default on the
+    CPU), the same update up to float rounding; at the CPU preset's size the single-tensor
+    loop took 0.7 ms of a 9 ms step, the fused one 0.15 ms.
     """
     decayed = {id(p) for p in model.backbone_parameters()}
     groups = [
         {"params": [p for p in model.parameters() if id(p) in decayed], "weight_decay": cfg.weight_decay},
         {"params": [p for p in model.parameters() if id(p) not in decayed], "weight_decay": 0.0},
     ]
-    capturable = any(p.is_cuda for p in model.parameters())
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, capturable=capturable)
+    params = list(model.parameters())
+    capturable = any(p.is_cuda for p in params)
+    fused = bool(params) and all(p.device.type == "cpu" and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=cfg.lr, capturable=capturable, fused=True if fused else None
+    )
 
 
 @torch.no_grad()
