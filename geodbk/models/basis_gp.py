@@ -35,6 +35,7 @@ from torch import nn
 
 from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors, ZooModel
 from geodbk.models.expansions import FoldingExpansion, InducingExpansion
+from geodbk.models.fused import row_squared_norm
 from geodbk.models.precision import Precision, matmul_precision
 
 
@@ -74,6 +75,7 @@ class BasisGP(KernelModel):
 
     basis: BasisMap
     _tril_index: torch.Tensor
+    _factor_index: torch.Tensor
     weight_prior_variance: torch.Tensor
     noise_factor: torch.Tensor
     noise_factor_scale: torch.Tensor
@@ -102,6 +104,9 @@ class BasisGP(KernelModel):
         self.variational_log_diag = nn.Parameter(torch.full((r,), -0.5 * math.log(r)))
         self.variational_offdiag = nn.Parameter(torch.randn(r * (r - 1) // 2) / r)
         self.register_buffer("_tril_index", torch.tril_indices(r, r, -1), persistent=False)
+        # L's strictly-lower entries, then its diagonal: the places of cat([offdiag, exp(log_diag)])
+        diagonal = torch.arange(r).expand(2, r)
+        self.register_buffer("_factor_index", torch.cat([self._tril_index, diagonal], dim=1), persistent=False)
         #: a^2, the prior w ~ N(0, a^2 I_r): 1 while training; set by the conjugate refit
         #: (:mod:`geodbk.models.conjugate`), after which the kernel is a^2 phi . phi'.
         self.register_buffer("weight_prior_variance", torch.ones(()))
@@ -122,10 +127,9 @@ class BasisGP(KernelModel):
     @property
     def chol_factor(self) -> torch.Tensor:
         """L, (r, r) lower-triangular with a positive diagonal."""
-        rows, cols = self._tril_index
-        zeros = self.variational_log_diag.new_zeros(self.rank, self.rank)
-        strict = zeros.index_put((rows, cols), self.variational_offdiag)
-        return strict + torch.diag(self.variational_log_diag.exp())
+        rows, cols = self._factor_index
+        values = torch.cat([self.variational_offdiag, self.variational_log_diag.exp()])
+        return values.new_zeros(self.rank, self.rank).index_put((rows, cols), values)
 
     def forward(self, x: torch.Tensor, tests: torch.Tensor | None = None) -> GPOutput:
         """Outputs at ``x`` (n, d); ``tests`` (n,) test counts set the per-row noise.
@@ -150,8 +154,8 @@ class BasisGP(KernelModel):
         else:
             phi = expansion(g)
             mean = phi @ self.variational_mean + self.constant_mean
-            var_f = (phi @ self.chol_factor).pow(2).sum(-1)  # ||L^T phi||^2 per row
-            sq_norm = phi.pow(2).sum(-1)
+            var_f = row_squared_norm(phi @ self.chol_factor)  # ||L^T phi||^2 per row
+            sq_norm = row_squared_norm(phi) if self.include_residual else None
             noise_part = phi @ self.noise_factor if self.has_noise_factor else None
         excess = 0.0 if noise_part is None else self.noise_factor_scale * noise_part.pow(2).sum(-1)
         residual = None
@@ -207,9 +211,12 @@ class BasisGP(KernelModel):
     def kl_divergence(self) -> torch.Tensor:
         """KL(N(m, L L^T) || N(0, a^2 I_r)) = 0.5 ((||m||^2 + ||L||_F^2) / a^2 - log|L L^T| + r log a^2 - r)
         (a^2 = 1 while training)."""
-        m, L, a2 = self.variational_mean, self.chol_factor, self.weight_prior_variance
-        log_det = 2.0 * self.variational_log_diag.sum()
-        return 0.5 * ((m.pow(2).sum() + L.pow(2).sum()) / a2 - log_det + self.rank * torch.log(a2) - self.rank)
+        m, a2 = self.variational_mean, self.weight_prior_variance
+        log_diag = self.variational_log_diag
+        # ||L||_F^2 from L's entries, without building L: strictly-lower squares plus exp(log_diag)^2
+        frobenius = self.variational_offdiag.pow(2).sum() + (2.0 * log_diag).exp().sum()
+        log_det = 2.0 * log_diag.sum()
+        return 0.5 * ((m.pow(2).sum() + frobenius) / a2 - log_det + self.rank * torch.log(a2) - self.rank)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """Model files written before the conjugate refit have no a^2 (1 there) and no noise factor (0)."""

@@ -30,6 +30,7 @@ import torch
 
 from geodbk.models.base import ZooModel
 from geodbk.models.expansions import jittered_cholesky
+from geodbk.models.fused import row_squared_norm
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -81,7 +82,7 @@ class DPPGP(Objective):
     def __call__(self, model, x, y, n, tests=None):
         out = model(x, tests)
         nll = gaussian_nll(y, out.mean, out.predictive_var).mean()
-        sq_norm = out.phi.pow(2).sum(-1)
+        sq_norm = row_squared_norm(out.phi)
         trace = ((sq_norm.max() - sq_norm) / (2.0 * out.noise)).mean()
         return nll + self.alpha * trace + (self.beta / n) * model.kl_divergence()
 
