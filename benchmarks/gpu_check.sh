@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks for issue 12: the CUDA tests of the sync-free / captured training step and of
+# GPU checks for issues 12 and 37: the CUDA tests of the sync-free / captured training step, of the
+# fused kernel and norm, of the conjugate refit and of
 # the folded prediction, then the step-time and prediction benchmark on CUDA.
 # Run from the repository root on a machine with a CUDA GPU:  bash benchmarks/gpu_check.sh
 # PYTHON picks the interpreter (default python3); extra arguments go to the benchmark.
@@ -10,5 +11,6 @@ PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 "$PYTHON" -c "import torch, gpytorch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpytorch', gpytorch.__version__)"
-"$PYTHON" -m pytest -q -p no:cacheprovider --noconftest tests/test_training_step.py tests/test_folded_prediction.py
+"$PYTHON" -m pytest -q -p no:cacheprovider --noconftest tests/test_training_step.py tests/test_folded_prediction.py \
+    tests/test_fast_step.py tests/test_conjugate_posterior.py::test_the_fit_on_cuda_equals_the_fit_on_the_cpu
 "$PYTHON" benchmarks/bench_dppgp_vs_gpytorch.py --device cuda --data "${BENCH_DATA:-synthetic}" "$@"

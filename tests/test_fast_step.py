@@ -189,3 +189,18 @@ def test_an_epoch_equals_the_plain_loss_with_single_tensor_adamw():
         reference.step()
     for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_kernel_and_norm_on_cuda_equal_their_plain_forms_with_exact_gradients():
+    """The hand-written backwards run on the device as on the host: gradcheck in float64 on CUDA,
+    and the values and gradients of rbf_kernel equal ard_rbf's there."""
+    a, b, lengthscale, outputscale = (t.detach().cuda().requires_grad_() for t in _inputs())
+    assert torch.autograd.gradcheck(rbf_kernel, (a, b, lengthscale, outputscale))
+    assert torch.autograd.gradcheck(row_squared_norm, (a,))
+    fast, plain = rbf_kernel(a, b, lengthscale, outputscale), ard_rbf(a, b, lengthscale, outputscale)
+    torch.testing.assert_close(fast, plain, rtol=1e-12, atol=1e-12)
+    leaves = (a, b, lengthscale, outputscale)
+    for g_fast, g_plain in zip(torch.autograd.grad(fast.sum(), leaves), torch.autograd.grad(plain.sum(), leaves),
+                               strict=True):
+        torch.testing.assert_close(g_fast, g_plain, rtol=1e-10, atol=1e-12)

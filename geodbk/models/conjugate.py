@@ -128,10 +128,14 @@ class _Terms:
 @dataclass
 class _Sums:
     """What :class:`_Terms` needs from a set of rows, summed over them, so that rows can come in
-    chunks: for a scaled basis psi (n, r), targets y (n,), noise d (n,) and tiles (n,),
-    ``sum psi psi^T / d`` (r, r), ``sum psi y / d`` (r,), ``sum y^2 / d``, ``sum log d``, and
-    per tile ``sum psi / d`` (n_tiles, r), ``sum y / d`` and ``sum 1 / d`` (n_tiles,) (``None``
-    without tiles). Adding returns new sums (no in-place update, so autograd can follow)."""
+    chunks: for a basis phi (n, r), targets y (n,), noise d (n,) and tiles (n,),
+    ``sum phi phi^T / d`` (r, r), ``sum phi y / d`` (r,), ``sum y^2 / d``, ``sum log d``, and
+    per tile ``sum phi / d`` (n_tiles, r), ``sum y / d`` and ``sum 1 / d`` (n_tiles,) (``None``
+    without tiles). Adding returns new sums (no in-place update, so autograd can follow).
+
+    The basis is summed unscaled, and the prior weight variance a^2 enters in :meth:`terms`
+    (psi = a phi): the hyperparameter search's gradient then flows through the (n,) noise and
+    targets only, not through an (n, r) scaled basis (half the time of an evaluation)."""
 
     precision: torch.Tensor
     projected: torch.Tensor
@@ -150,10 +154,10 @@ class _Sums:
         return cls(like.new_zeros(rank, rank), like.new_zeros(rank), zero, zero,
                    like.new_zeros(n_tiles, rank), like.new_zeros(n_tiles), like.new_zeros(n_tiles))
 
-    def add(self, psi: torch.Tensor, y: torch.Tensor, d: torch.Tensor, tiles: torch.Tensor | None) -> _Sums:
-        """These sums plus rows psi (n, r), y (n,), d (n,), tiles (n,) (``None`` without tiles)."""
-        scaled = psi / d.unsqueeze(-1)
-        out = _Sums(self.precision + scaled.T @ psi, self.projected + scaled.T @ y,
+    def add(self, phi: torch.Tensor, y: torch.Tensor, d: torch.Tensor, tiles: torch.Tensor | None) -> _Sums:
+        """These sums plus rows phi (n, r), y (n,), d (n,), tiles (n,) (``None`` without tiles)."""
+        scaled = phi / d.unsqueeze(-1)
+        out = _Sums(self.precision + scaled.T @ phi, self.projected + scaled.T @ y,
                     self.quadratic + (y * y / d).sum(), self.log_det_noise + torch.log(d).sum(), None, None, None)
         if self.tile_psi is not None and self.tile_y is not None and self.tile_h is not None:
             assert tiles is not None  # tiled sums take tiled rows
@@ -162,18 +166,20 @@ class _Sums:
             out.tile_h = self.tile_h.index_add(0, tiles, 1.0 / d)
         return out
 
-    def terms(self, tau2: torch.Tensor) -> _Terms:
-        """:class:`_Terms` for noise N = diag(d) + tau2 [same tile].
+    def terms(self, tau2: torch.Tensor, prior: torch.Tensor) -> _Terms:
+        """:class:`_Terms` of the scaled basis psi = sqrt(prior) phi for noise N = diag(d) + tau2 [same tile].
 
         Per tile g, with h_g = sum_{i in g} 1/d_i and c_g = tau2 / (1 + tau2 h_g),
         ``a^T N^{-1} b = sum_i a_i b_i / d_i - sum_g c_g (sum_{i in g} a_i / d_i)(sum_{i in g} b_i / d_i)``.
         """
-        precision, projected = self.precision, self.projected
+        scale = prior.sqrt()
+        precision, projected = prior * self.precision, scale * self.projected
         quadratic, log_det_noise = self.quadratic, self.log_det_noise
         if self.tile_psi is not None and self.tile_y is not None and self.tile_h is not None:
             c = tau2 / (1.0 + tau2 * self.tile_h)
-            precision = precision - (self.tile_psi * c.unsqueeze(-1)).T @ self.tile_psi
-            projected = projected - (self.tile_psi * c.unsqueeze(-1)).T @ self.tile_y
+            tile_psi = scale * self.tile_psi
+            precision = precision - (tile_psi * c.unsqueeze(-1)).T @ tile_psi
+            projected = projected - (tile_psi * c.unsqueeze(-1)).T @ self.tile_y
             quadratic = quadratic - (c * self.tile_y * self.tile_y).sum()
             log_det_noise = log_det_noise + torch.log1p(tau2 * self.tile_h).sum()
         eye = torch.eye(precision.shape[0], dtype=precision.dtype, device=precision.device)
@@ -272,8 +278,8 @@ def fit_conjugate_posterior(
         values = unpack(theta)
         tau2 = values.get("tile_effect", theta.new_zeros(()))
         sums = _Sums.zeros(model.rank, n_fit_tiles if tiles_fit is not None else None, phi_fit)
-        terms = sums.add(phi_fit * values["prior"].sqrt(), y_fit - values["constant"],
-                         row_noise(values, counts_fit, shape_fit), tiles_fit).terms(tau2)
+        terms = sums.add(phi_fit, y_fit - values["constant"],
+                         row_noise(values, counts_fit, shape_fit), tiles_fit).terms(tau2, values["prior"])
         return -terms.log_marginal() / len(y_fit) + 0.5 * _LOG_2PI
 
     def value_and_grad(vector: np.ndarray) -> tuple[float, np.ndarray]:
@@ -298,9 +304,9 @@ def fit_conjugate_posterior(
         for rows in torch.arange(len(target), device=x.device).split(ROW_CHUNK):
             phi = basis_values(model, x[rows])
             shape = (phi @ trained_factor).pow(2).sum(-1)
-            sums = sums.add(phi * scale, target[rows] - c, row_noise(values, None if counts is None else counts[rows],
+            sums = sums.add(phi, target[rows] - c, row_noise(values, None if counts is None else counts[rows],
                             shape), None if tile_index is None else tile_index[rows])
-        terms = sums.terms(tau2)
+        terms = sums.terms(tau2, values["prior"])
         mean_u = torch.linalg.solve_triangular(terms.chol.T, terms.v.unsqueeze(-1), upper=True).squeeze(-1)
         cov_u = torch.cholesky_inverse(terms.chol)
         factor_u = jittered_cholesky(0.5 * (cov_u + cov_u.T), 1e-10 * float(torch.diagonal(cov_u).mean()))
