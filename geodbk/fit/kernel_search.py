@@ -56,38 +56,46 @@ class TileTerm:
 class AreaTerm:
     """Validation areas' mean residuals and the geometry of their joint conditional variance.
 
-    The variance of an area's kriged mean is ``s gp_var + local + s_t sum_i w_i^2 test_var_i``,
-    ``local`` the sum over every ordered pair (i, j) of its rows of ``w_i w_j c_ij``, with
-    ``c_ij = k(x_i, x_j) - z_i^T k(N_i, x_j)`` (z_i the kriging weights of i, N_i its
-    neighbours), as :meth:`~geodbk.fit.residuals.ResidualField.area_condition` has it (without
-    its distance cutoff). Built by :meth:`build`.
+    The variance of an area's kriged mean is ``s gp_var + local + s_t sum_i w_i^2 test_var_i``
+    with, as :meth:`~geodbk.fit.residuals.ResidualField.area_condition` has it (without its
+    distance cutoff), w_i = 1 / size and
+
+        local = sum_ij w_i w_j c_ij = w^T K w - sum_i w_i z_i^T F(N_i),   F(y) = sum_j w_j k(y, x_j),
+
+    z_i the kriging weights of row i and N_i its neighbours. F is taken at each area's distinct
+    neighbours only: one kernel value per (neighbour, row) pair of an area, where the pairwise
+    form took one per (row, neighbour of another row) (PR spatial-block: 148,000 pairs of rows
+    times m = 16). Built by :meth:`build`.
 
     Attributes:
         hoods: neighbourhoods of the areas' distinct rows (u of them).
         member: (rows,) index into ``hoods`` of each (area, row) membership.
-        first, second: (pairs,) the two rows of every ordered pair, indices into ``hoods``.
-        pair_area: (pairs,) the pair's area.
-        pair_weight: (pairs,) w_i w_j = 1 / size^2.
+        area: (rows,) each membership's area; weight (rows,) its w = 1 / size.
+        pair_area: (pairs,) the area of every ordered pair of its rows; pair_weight (pairs,) w^2.
         distance, lag: (pairs,) metres and years between the pair's rows.
-        to_other, to_other_lag: (pairs, m) metres and years from the first row's neighbours to
-            the second row.
-        area: (rows,) each membership's area; weight (rows,) its 1 / size.
+        slot: (rows, m) where in ``field_at`` each membership's neighbours are.
+        field_slot: (q,) the slot of every (area, distinct neighbour, row) triple.
+        field_distance, field_lag: (q,) metres and years from that neighbour to that row.
+        field_weight: (q,) the row's w.
+        n_slots: how many (area, distinct neighbour) slots there are.
         observed: (areas,) the mean validation residual; noise: (areas,) sum_i w_i^2 test_var_i.
         gp_var: (areas,) the GP's variance of the area mean.
     """
 
     hoods: Neighbourhoods
     member: torch.Tensor
-    first: np.ndarray
-    second: np.ndarray
+    area: torch.Tensor
+    weight: torch.Tensor
     pair_area: torch.Tensor
     pair_weight: torch.Tensor
     distance: torch.Tensor
     lag: torch.Tensor
-    to_other: torch.Tensor
-    to_other_lag: torch.Tensor
-    area: torch.Tensor
-    weight: torch.Tensor
+    slot: torch.Tensor
+    field_slot: torch.Tensor
+    field_distance: torch.Tensor
+    field_lag: torch.Tensor
+    field_weight: torch.Tensor
+    n_slots: int
     observed: torch.Tensor
     noise: torch.Tensor
     gp_var: torch.Tensor
@@ -101,31 +109,46 @@ class AreaTerm:
         member = member.reshape(-1)
         hoods = field.neighbourhoods(lonlat[unique], years[unique])
         xy = field.projection.to_metres(tile_centres(lonlat[unique]))
+        t = years[unique]
+        size = np.maximum(np.bincount(areas.groups, minlength=areas.n_areas), 1).astype(np.float64)
+        w = 1.0 / size[areas.groups]
         order = np.argsort(areas.groups, kind="stable")
         starts = np.searchsorted(areas.groups[order], np.arange(areas.n_areas + 1))
-        sizes = np.diff(starts)
-        inside = [order[starts[g]:starts[g + 1]] for g in range(areas.n_areas)]
-        a_rows = np.concatenate([np.repeat(rows, len(rows)) for rows in inside]) if inside else np.zeros(0, np.int64)
-        b_rows = np.concatenate([np.tile(rows, len(rows)) for rows in inside]) if inside else np.zeros(0, np.int64)
-        a, b = member[a_rows], member[b_rows]
-        pair_area = areas.groups[a_rows]
-        t = years[unique]
-        neighbours = hoods.index[a]  # (pairs, m)
-        size = np.maximum(sizes, 1).astype(np.float64)
-        w = 1.0 / size[areas.groups]
+        first, second = [], []
+        slot = np.zeros((len(member), hoods.index.shape[1]), np.int64)
+        field_slot, field_row, field_neighbour, n_slots = [], [], [], 0
+        for g in range(areas.n_areas):
+            inside = order[starts[g]:starts[g + 1]]  # memberships of area g
+            rows = member[inside]
+            first.append(np.repeat(inside, len(inside)))
+            second.append(np.tile(inside, len(inside)))
+            distinct, where = np.unique(hoods.index[rows], return_inverse=True)
+            slot[inside] = n_slots + where.reshape(len(rows), -1)
+            field_slot.append(np.repeat(n_slots + np.arange(len(distinct)), len(rows)))
+            field_neighbour.append(np.repeat(distinct, len(rows)))
+            field_row.append(np.tile(inside, len(distinct)))
+            n_slots += len(distinct)
+
+        def joined(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+        a, b = joined(first), joined(second)
+        neighbour, at = joined(field_neighbour), joined(field_row)
         return cls(
             hoods=hoods,
             member=torch.as_tensor(member),
-            first=a,
-            second=b,
-            pair_area=torch.as_tensor(pair_area),
-            pair_weight=_tensor(1.0 / size[pair_area] ** 2),
-            distance=_tensor(np.sqrt(((xy[a] - xy[b]) ** 2).sum(-1))),
-            lag=_tensor(t[a] - t[b]),
-            to_other=_tensor(np.sqrt(((field.xy_m[neighbours] - xy[b][:, None, :]) ** 2).sum(-1))),
-            to_other_lag=_tensor(field.years[neighbours] - t[b][:, None]),
             area=torch.as_tensor(areas.groups),
             weight=_tensor(w),
+            pair_area=torch.as_tensor(areas.groups[a]),
+            pair_weight=_tensor(w[a] * w[b]),
+            distance=_tensor(np.sqrt(((xy[member[a]] - xy[member[b]]) ** 2).sum(-1))),
+            lag=_tensor(t[member[a]] - t[member[b]]),
+            slot=torch.as_tensor(slot),
+            field_slot=torch.as_tensor(joined(field_slot)),
+            field_distance=_tensor(np.sqrt(((field.xy_m[neighbour] - xy[member[at]]) ** 2).sum(-1))),
+            field_lag=_tensor(field.years[neighbour] - t[member[at]]),
+            field_weight=_tensor(w[at]),
+            n_slots=n_slots,
             observed=_tensor(np.bincount(areas.groups, weights=w * residual[areas.rows], minlength=areas.n_areas)),
             noise=_tensor(np.bincount(areas.groups, weights=w**2 * test_var[areas.rows], minlength=areas.n_areas)),
             gp_var=_tensor(areas.gp_var),
@@ -135,10 +158,16 @@ class AreaTerm:
         """Mean NLL of the areas given the kriged residuals (u,) and kriging weights (u, m) of
         their distinct rows."""
         n_areas = len(self.observed)
-        explained = (weights[self.first] * kernel(self.to_other, self.to_other_lag)).sum(-1)
-        covariance = kernel(self.distance, self.lag) - explained
-        local = torch.zeros(n_areas, dtype=covariance.dtype).index_add(0, self.pair_area, self.pair_weight * covariance)
-        area_mean = torch.zeros(n_areas, dtype=mean.dtype).index_add(0, self.area, self.weight * mean[self.member])
+
+        def by_area(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(n_areas, dtype=values.dtype).index_add(0, index, values)
+
+        prior = by_area(self.pair_area, self.pair_weight * kernel(self.distance, self.lag))  # w^T K w
+        at_neighbours = torch.zeros(self.n_slots, dtype=mean.dtype).index_add(
+            0, self.field_slot, self.field_weight * kernel(self.field_distance, self.field_lag))  # F(N)
+        explained = (weights[self.member] * at_neighbours[self.slot]).sum(-1)  # z_i^T F(N_i)
+        local = prior - by_area(self.area, self.weight * explained)
+        area_mean = by_area(self.area, self.weight * mean[self.member])
         var = kernel.combine(self.gp_var, torch.clamp(local, min=0.0), self.noise)
         return gaussian_nll(self.observed, area_mean, var).mean()
 
