@@ -118,10 +118,11 @@ def peer_seconds(region: str, split: str, seed: int, peers: list[str]) -> dict[s
     dataset = load_sample_dataset(region, "download").with_split(split)
     density = demo.density_tiles(dataset)
     out = {}
+    missing = missing_peers([row.split(":", 1)[0] for row in peers])
     for row in peers:
         peer, variant = row.split(":", 1)
-        if peer in missing_peers():
-            print(f"{row}: left out ({peer} cannot be imported)")
+        if peer in missing:
+            print(f"{row}: left out ({missing[peer]})")
             continue
         start = time.perf_counter()
         fit_peer(dataset, peer, variant, seed=seed, density_tiles=density)

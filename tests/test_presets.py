@@ -18,7 +18,7 @@ from geodbk.models.config import CPU, PAPER, run_preset
 def test_cpu_batch_doubles_while_an_epoch_keeps_25_steps(n_rows, batch):
     """PR's 113k training rows train at batch 4096 (27 steps an epoch), HI's 27k at 1024; the
     learning rate grows with the square root of the batch; the batch stops at 8192."""
-    got, lr = CPU.schedule(n_rows)
+    got, lr, _ = CPU.schedule(n_rows)
     assert got == batch
     assert lr == pytest.approx(CPU.lr * math.sqrt(batch / 1024))
     if n_rows is not None and batch > CPU.batch_size:
@@ -27,14 +27,23 @@ def test_cpu_batch_doubles_while_an_epoch_keeps_25_steps(n_rows, batch):
         assert n_rows / (2 * batch) < 25
 
 
+@pytest.mark.parametrize(("n_rows", "epochs"), [(None, 20), (27_000, 20), (75_000, 20), (113_000, 14),
+                                              (1_500_000, 1), (10_000_000, 1)])
+def test_cpu_epochs_pass_at_most_1_5_million_rows_through_the_network(n_rows, epochs):
+    """HI (27k training rows) trains 20 epochs, PR (113k) 14; at least one epoch."""
+    assert CPU.schedule(n_rows)[2] == epochs
+    if n_rows is not None and epochs > 1:
+        assert (epochs - 1) * n_rows < CPU.row_passes
+
+
 def test_explicit_settings_win_over_the_scaled_schedule():
     _, train = CPU.configs(113_000)
-    assert (train.batch_size, train.lr, train.epochs) == (4096, pytest.approx(0.02), 20)
+    assert (train.batch_size, train.lr, train.epochs) == (4096, pytest.approx(0.02), 14)
     _, train = CPU.configs(113_000, batch_size=512)
     assert (train.batch_size, train.lr) == (512, CPU.lr)  # an explicit batch keeps the preset's lr
     _, train = CPU.configs(113_000, lr=0.5, epochs=3)
     assert (train.batch_size, train.lr, train.epochs) == (4096, 0.5, 3)
     # the paper's schedule is fixed, and a fit passes its training rows through the protocol
-    assert PAPER.schedule(10_000_000) == (PAPER.batch_size, PAPER.lr)
+    assert PAPER.schedule(10_000_000) == (PAPER.batch_size, PAPER.lr, PAPER.epochs)
     assert run_preset("paper").configs(10_000_000)[1].batch_size == 1024
     assert SPACE_TIME.configs("cpu", 113_000)[1].batch_size == 4096

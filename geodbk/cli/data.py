@@ -115,7 +115,8 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
             "paper (region-box coordinates, no time, one noise). CPU-sized defaults (the default models "
             "on the full Puerto Rico sample in minutes on 2 cores): h=64, r=128, 20 epochs of batch 1024 "
             "at lr 1e-2, the batch doubled (to at most 8192) and the lr times 1.41 while an epoch keeps 25 "
-            "steps; --paper-size: the paper's h=256, r=1024, 400 epochs, lr 1e-3 (explicit flags win)."
+            "steps, fewer epochs past 1.5 million rows; --paper-size: the paper's h=256, r=1024, 400 epochs, "
+            "lr 1e-3 (explicit flags win)."
         ),
         epilog="example: geodbk fit --dataset outputs/demo/dataset.parquet --models dbk-rbf,knn "
         "--split spatial-block --out runs/pr-blocks",

@@ -117,7 +117,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     add_extrapolation_option(p)
     p.add_argument("--epochs", type=int, help="training epochs per model (default 20 at lr 0.01, batch 1024; for "
                    "more rows the batch doubles, to at most 8192, and the lr grows by 1.41 while an epoch "
-                   "keeps 25 steps)")
+                   "keeps 25 steps, and the epochs pass at most 1.5 million rows)")
     p.add_argument("--resolution", help="map cell side in degrees, or e.g. 500m (default 0.005 degrees, about 550 m)")
     p.add_argument("--crs", help="CRS of the maps (default EPSG:4326; UTM for metre resolutions)")
     p.add_argument("--paper-size", action="store_true", help="paper model size and 400-epoch schedule")

@@ -44,7 +44,7 @@ class DBKRegressor(RegressorMixin, BaseEstimator):
     preset : str, default="cpu"
         The named size and schedule (:func:`geodbk.models.run_preset`) that ``hidden``,
         ``rank``, ``epochs``, ``lr`` and ``batch_size`` default to: ``"cpu"`` (h = 64,
-        r = 128, 20 epochs of batch 1024 at lr 1e-2, the batch doubled for more rows:
+        r = 128, 20 epochs of batch 1024 at lr 1e-2, the batch doubled and the epochs cut for more rows:
         :meth:`~geodbk.models.config.RunPreset.schedule`) or ``"paper"``.
     hidden, rank : int or None, default=None
         Backbone width h and basis rank r; ``None`` takes the preset's.

@@ -51,7 +51,7 @@ class RunPreset:
         name: ``"cpu"`` or ``"paper"``.
         hidden: backbone width h.
         rank: basis rank / inducing points r.
-        epochs: maximum training epochs.
+        epochs: maximum training epochs (fewer with ``row_passes``).
         lr: AdamW learning rate.
         batch_size: mini-batch size b (the smallest, with ``min_steps_per_epoch``).
         note: where the numbers come from.
@@ -60,6 +60,8 @@ class RunPreset:
             steps, and the learning rate grows with the square root of the batch
             (:meth:`schedule`); ``None``: fixed.
         max_batch_size: the largest batch :meth:`schedule` doubles to.
+        row_passes: when set and the training rows are known, the epochs are cut to the fewest
+            that pass this many rows through the network (at least one epoch).
     """
 
     name: str
@@ -71,14 +73,18 @@ class RunPreset:
     note: str
     min_steps_per_epoch: int | None = None
     max_batch_size: int = 8192
+    row_passes: int | None = None
 
-    def schedule(self, n_rows: int | None = None) -> tuple[int, float]:
-        """``(batch_size, lr)`` for ``n_rows`` training rows (``None``: unknown, the preset's own)."""
-        batch = self.batch_size
+    def schedule(self, n_rows: int | None = None) -> tuple[int, float, int]:
+        """``(batch_size, lr, epochs)`` for ``n_rows`` training rows (``None``: unknown, the
+        preset's own)."""
+        batch, epochs = self.batch_size, self.epochs
         if self.min_steps_per_epoch is not None and n_rows is not None:
             while 2 * batch <= self.max_batch_size and n_rows / (2 * batch) >= self.min_steps_per_epoch:
                 batch *= 2
-        return batch, self.lr * math.sqrt(batch / self.batch_size)
+        if self.row_passes is not None and n_rows:
+            epochs = max(1, min(epochs, math.ceil(self.row_passes / n_rows)))
+        return batch, self.lr * math.sqrt(batch / self.batch_size), epochs
 
     def configs(self, n_rows: int | None = None, **explicit: Any) -> tuple[ModelConfig, TrainConfig]:
         """``(ModelConfig, TrainConfig)`` of this preset for ``n_rows`` training rows (see
@@ -94,8 +100,10 @@ class RunPreset:
         if unknown:
             raise ValueError(f"unknown settings {unknown} for preset {self.name!r}")
         size = {"hidden": self.hidden, "rank": self.rank}
-        batch, lr = self.schedule(n_rows) if "batch_size" not in given else (self.batch_size, self.lr)
-        schedule = {"epochs": self.epochs, "lr": lr, "batch_size": batch}
+        batch, lr, epochs = self.schedule(n_rows)
+        if "batch_size" in given:
+            lr = self.lr
+        schedule = {"epochs": epochs, "lr": lr, "batch_size": batch}
         model = ModelConfig(**{**size, **{k: v for k, v in given.items() if k in model_fields}})
         train = TrainConfig(**{**schedule, **{k: v for k, v in given.items() if k in train_fields}})
         return model, train
@@ -104,14 +112,16 @@ class RunPreset:
 #: The CPU default of ``geodbk fit``, the demo, the benchmarks, ``ModelConfig()`` and
 #: ``TrainConfig()``.
 CPU = RunPreset(
-    "cpu", hidden=64, rank=128, epochs=20, lr=1e-2, batch_size=1024, min_steps_per_epoch=25,
+    "cpu", hidden=64, rank=128, epochs=20, lr=1e-2, batch_size=1024, min_steps_per_epoch=25, row_passes=1_500_000,
     note="chosen on PR and HI validation data (benchmarks/bench_training_schedule.py): with the "
     "residual field and the conjugate refit, the map's validation NLL no longer needs the 40 epochs "
     "of batch 1024 that the network's own NLL kept improving over. PR (113k rows: batch 4096, "
     "lr 2e-2, 20 epochs, 0.13x the steps): random 0.4569 vs 0.4582, spatial-block 0.7319 vs 0.7388; "
     "HI (27k rows: batch 1024, 20 epochs, 0.5x the steps): random +0.002, spatial-block +0.006 "
     "(13 epochs: +0.003 and +0.014; batch 4096 there: +0.040, too few steps). Batch 8192 at lr 2.8e-2 "
-    "on PR random: 0.4570; larger batches were not tried, hence the cap",
+    "on PR random: 0.4570; larger batches were not tried, hence the cap. At most 1.5 M rows through the "
+    "network (PR: 14 epochs): PR at 12 and 15 epochs scored 0.4575 / 0.4568 (random) and 0.7325 / "
+    "0.7325 (spatial-block); HI's 20 epochs are 0.54 M",
 )
 #: The paper's spatial-task size and schedule (h = 256, r = 1024, 400 epochs at lr 1e-3).
 PAPER = RunPreset(
