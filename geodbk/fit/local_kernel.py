@@ -86,12 +86,17 @@ class LocalKernel:
 
     def __call__(self, distance_m: Any, dt_years: Any) -> Any:
         """k_local for distances (metres) and time lags (years) of the same shape: arrays, or
-        tensors."""
+        tensors. Written as ``decay (same tile_time_var + local_var spatial) + same tile_var``,
+        the fewest passes over the arrays (and so the fewest steps for autograd to retrace):
+        the search's criterion with its gradient took a tenth less time than with
+        ``same (tile_var + tile_time_var decay) + local_var spatial decay``."""
         exp = torch.exp if isinstance(distance_m, torch.Tensor) else np.exp
-        decay = exp(-abs(dt_years) / self.time_scale)
         same = distance_m < SAME_TILE_M
-        local = self.local_var * exp(-distance_m / self.range_m) * decay
-        return same * (self.tile_var + self.tile_time_var * decay) + local
+        if isinstance(same, torch.Tensor):
+            same = same.to(distance_m.dtype)
+        decay = exp(abs(dt_years) * (-1.0 / self.time_scale))
+        spatial = exp(distance_m * (-1.0 / self.range_m))
+        return decay * (same * self.tile_time_var + self.local_var * spatial) + same * self.tile_var
 
 
 @dataclass(frozen=True)
