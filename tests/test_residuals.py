@@ -804,8 +804,9 @@ def test_kernel_criterion_gradient_is_exact(synthetic):
 def test_exact_gradient_search_finds_the_finite_difference_optimum(synthetic):
     """search_kernel (exact gradients) reaches the optimum that L-BFGS-B with scipy's
     finite-difference gradients (the search before it) finds on the same criterion: the same
-    criterion value to 1e-6 and the same kernel to 1e-4 relative in every parameter it
-    identifies (those off their bounds), with several times fewer criterion evaluations."""
+    criterion value to 1e-6 and the same kriged means and variances to 1e-4 (what the kernel
+    is for), with several times fewer criterion evaluations. The kernel the search starts
+    from is far from both (checked, so the comparison can fail)."""
     from scipy.optimize import minimize
 
     from geodbk.fit.kernel_search import search_kernel
@@ -829,12 +830,18 @@ def test_exact_gradient_search_finds_the_finite_difference_optimum(synthetic):
     bounds = [(np.log(low), np.log(high)) for low, high in KERNEL_BOUNDS]
     reference = minimize(value, LocalKernel().to_vector(), method="L-BFGS-B", bounds=bounds,
                          options={"maxiter": 200}).x
-    assert value(exact.to_vector()) == pytest.approx(value(reference), rel=1e-6)
-    # identified: off its bounds, and for a variance, large enough to matter (a variance of 1e-4
-    # changes no conditional variance by more than that; seen: local_var 6.6e-5 against 6.3e-5)
-    variances = np.isin(np.arange(7), [1, 2, 4])
-    interior = np.array([low * 1.01 < v < high / 1.01 for v, (low, high) in zip(np.exp(reference), KERNEL_BOUNDS)])
-    interior &= ~variances | (np.exp(reference) > 1e-3)
-    assert interior.sum() >= 3
-    np.testing.assert_allclose(exact.to_vector()[interior], reference[interior], rtol=1e-4, atol=1e-4)
+    found = exact.to_vector()
+    assert value(found) == pytest.approx(value(reference), rel=1e-6)
+    # The same optimum where it is identified: the kriged means and predictive variances at the
+    # validation rows agree to 1e-4. The parameters themselves need not: tile_var and
+    # tile_time_var trade off along a flat valley, and the finite-difference answer for
+    # tile_time_var moved by 2e-3 (log) between a one-thread and a two-thread run.
+    field, (lonlat, years, _, gp_var) = criterion.field, synthetic["val"]
+    by_exact = dataclasses.replace(field, kernel=exact).condition(lonlat, years)
+    by_reference = dataclasses.replace(field, kernel=LocalKernel.from_vector(reference)).condition(lonlat, years)
+    np.testing.assert_allclose(by_exact[0], by_reference[0], atol=1e-4)
+    np.testing.assert_allclose(exact.combine(gp_var, by_exact[1]),
+                               LocalKernel.from_vector(reference).combine(gp_var, by_reference[1]), rtol=1e-4)
+    start = dataclasses.replace(field, kernel=LocalKernel()).condition(lonlat, years)
+    assert np.abs(start[1] - by_exact[1]).max() > 1e-2
     assert calls["exact"] * 4 < calls["differences"]

@@ -183,7 +183,7 @@ class KernelCriterion:
     def __init__(self, field: ResidualField, tiles: TileTerm | None, areas: AreaTerm | None = None) -> None:
         if tiles is None and areas is None:
             raise ValueError("a kernel criterion needs tiles, areas or both")
-        self.tiles, self.areas = tiles, areas
+        self.field, self.tiles, self.areas = field, tiles, areas
         self.hoods = Neighbourhoods.concat([term.hoods for term in (tiles, areas) if term is not None])
         self._n_tiles = 0 if tiles is None else len(tiles.hoods)
         assert field.test_var is not None  # set by ResidualField.__post_init__
