@@ -845,3 +845,24 @@ def test_exact_gradient_search_finds_the_finite_difference_optimum(synthetic):
     start = dataclasses.replace(field, kernel=LocalKernel()).condition(lonlat, years)
     assert np.abs(start[1] - by_exact[1]).max() > 1e-2
     assert calls["exact"] * 4 < calls["differences"]
+
+
+@pytest.mark.parametrize("n_val", [1, 4])
+def test_a_tiny_validation_set_without_areas_still_fits(synthetic, n_val):
+    """A split that leaves a handful of validation rows has no validation square of 3 rows: the
+    fit scores the tiles alone, within the kernel's bounds (it used to stop with numpy's
+    "cannot reshape array of size 0" from the empty areas' neighbour search)."""
+    from geodbk.fit.local_kernel import KERNEL_BOUNDS
+
+    train, val = synthetic["train"], synthetic["val"]
+    far = np.random.default_rng(1).choice(len(val[0]), n_val, replace=False)
+    lonlat, years, residual, gp_var = (a[far] for a in val)
+    rows, groups = square_areas(lonlat, years)
+    assert len(rows) == 0 or n_val >= 3
+    areas = AreaGroups(rows[:0], groups[:0], np.zeros(0))  # no area has 3 rows of so few
+    field = ResidualField.fit(*train, lonlat, years, residual, gp_var, val_areas=areas)
+    for value, (low, high) in zip(np.exp(field.kernel.to_vector()), KERNEL_BOUNDS, strict=True):
+        assert low * (1 - 1e-9) <= value <= high * (1 + 1e-9)
+    mean, var = field.condition(lonlat, years)
+    assert np.isfinite(mean).all() and (var >= 0).all()
+    assert square_areas(np.zeros((0, 2)), np.zeros(0))[0].shape == (0,)

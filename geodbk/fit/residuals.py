@@ -132,6 +132,8 @@ class ResidualField:
     def _nearest(self, xy: np.ndarray, years: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Distances in metres and indices, (n, k), of the k training rows nearest in space and
         time to points ``xy`` (n, 2) metres at ``years`` (n,)."""
+        if len(xy) == 0:  # no queries (a tiny validation set may hold no area): scipy cannot reshape its answer
+            return np.zeros((0, k)), np.zeros((0, k), np.int64)
         _, index = self._tree.query(np.column_stack([xy, self.metres_per_year * years]), k=k)
         index = index.reshape(len(xy), -1)
         return np.sqrt(((self.xy_m[index] - xy[:, None, :]) ** 2).sum(-1)), index
@@ -380,7 +382,7 @@ class ResidualField:
         residual, var, test_var = np.asarray(val_residual)[pick], np.asarray(val_var)[pick], val_test_var[pick]
         tiles = TileTerm(field.neighbourhoods(lonlat, years), torch.as_tensor(residual, dtype=torch.float64),
                          torch.as_tensor(var, dtype=torch.float64), torch.as_tensor(test_var, dtype=torch.float64))
-        areas = None if val_areas is None else AreaTerm.build(
+        areas = None if val_areas is None or val_areas.n_areas == 0 else AreaTerm.build(
             field, val_areas, np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64),
             np.asarray(val_residual, np.float64), val_test_var,
         )

@@ -52,6 +52,8 @@ def square_areas(
     at least ``min_rows`` of the points ``lonlat`` (n, 2) degrees at one time of ``years`` (n,).
     Areas are kept in a random order until their ordered pairs of rows reach ``max_pairs``."""
     lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
+    if len(lonlat) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     xy = ProjectedTransform.from_lonlat(lonlat).to_metres(lonlat)
     quarter = np.floor(np.asarray(years, np.float64) * 4.0).astype(np.int64)
     rows, areas, n_areas = [], [], 0
