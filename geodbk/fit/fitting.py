@@ -130,8 +130,9 @@ def _fit_target(
         density_tiles, dataset.region, buffer_deg=dataset.buffer_deg
     )
     inputs = rules.input_space(dataset, density)
+    train = dataset.subset("train")  # one copy of the training rows (9.7M of them in the US benchmark)
     model_config, train_config = rules.fit_configs(
-        inputs, preset, n_rows=int((dataset.frame["split"] == "train").sum()), min_wavelength_m=min_wavelength_m,
+        inputs, preset, n_rows=len(train), min_wavelength_m=min_wavelength_m,
         coordinate_jitter_m=coordinate_jitter_m, **overrides,
     )
 
@@ -140,7 +141,6 @@ def _fit_target(
         y, tests = part["y"].to_numpy(np.float64), part["tests"].to_numpy(np.float64)
         return inputs.features(lonlat, years), y, tests, lonlat, years
 
-    train = dataset.subset("train")  # one copy of the training rows (9.7M of them in the US benchmark)
     X, y, tests, lonlat, years = rows(train)
     val = dataset.subset("val")
     X_val, y_val, tests_val, lonlat_val, years_val = rows(val)

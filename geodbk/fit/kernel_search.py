@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
-from geodbk.fit.local_kernel import KERNEL_BOUNDS, LocalKernel, Neighbourhoods, krige
+from geodbk.fit.local_kernel import KERNEL_BOUNDS, LocalKernel, Neighbourhoods, krige, planar_distance
 from geodbk.fit.validation_areas import AreaGroups
 from geodbk.ingest.quadkey import tile_centres
 from geodbk.models.objectives import gaussian_nll
@@ -141,11 +141,11 @@ class AreaTerm:
             weight=_tensor(w),
             pair_area=torch.as_tensor(areas.groups[a]),
             pair_weight=_tensor(w[a] * w[b]),
-            distance=_tensor(np.sqrt(((xy[member[a]] - xy[member[b]]) ** 2).sum(-1))),
+            distance=_tensor(planar_distance(xy[member[a]], xy[member[b]])),
             lag=_tensor(t[member[a]] - t[member[b]]),
             slot=torch.as_tensor(slot),
             field_slot=torch.as_tensor(joined(field_slot)),
-            field_distance=_tensor(np.sqrt(((field.xy_m[neighbour] - xy[member[at]]) ** 2).sum(-1))),
+            field_distance=_tensor(planar_distance(field.xy_m[neighbour], xy[member[at]])),
             field_lag=_tensor(field.years[neighbour] - t[member[at]]),
             field_weight=_tensor(w[at]),
             n_slots=n_slots,

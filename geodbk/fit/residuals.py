@@ -54,7 +54,7 @@ from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.kernel_search import AreaTerm, KernelCriterion, TileTerm, search_kernel
-from geodbk.fit.local_kernel import LocalKernel, Neighbourhoods, krige
+from geodbk.fit.local_kernel import LocalKernel, Neighbourhoods, krige, planar_distance
 from geodbk.fit.metrics import nll
 from geodbk.fit.validation_areas import AreaGroups
 from geodbk.fit.volatility import FIT_ROWS as VOLATILITY_FIT_ROWS
@@ -136,7 +136,7 @@ class ResidualField:
             return np.zeros((0, k)), np.zeros((0, k), np.int64)
         _, index = self._tree.query(np.column_stack([xy, self.metres_per_year * years]), k=k)
         index = index.reshape(len(xy), -1)
-        return np.sqrt(((self.xy_m[index] - xy[:, None, :]) ** 2).sum(-1)), index
+        return planar_distance(self.xy_m[index], xy[:, None, :]), index
 
     def condition(self, lonlat: np.ndarray, years: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Kriged residual and its conditional variance k(x,x) - k_m^T A^{-1} k_m, (n,), at
@@ -229,7 +229,7 @@ class ResidualField:
         time, (n, k), in (log10 units)^2 (the local part of a kernel slice)."""
         a = self.projection.to_metres(tile_centres(np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)))
         b = self.projection.to_metres(tile_centres(np.asarray(ref_lonlat, dtype=np.float64).reshape(-1, 2)))
-        distance = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
+        distance = planar_distance(a[:, None, :], b[None, :, :])
         return self.kernel(distance, np.zeros_like(distance))
 
     def change_variance(self, lonlat: np.ndarray, years_from: np.ndarray, years_to: np.ndarray) -> np.ndarray:
@@ -261,7 +261,7 @@ class ResidualField:
             step = (years_to[rows] - years_from[rows])[:, None]
             # k(y_a, r_b) and k(y_b, r_a): the lags are from each neighbourhood's rows to the other time
             cross = (z_a * kernel(distance_a, lag_a + step)).sum(-1) + (z_b * kernel(distance_b, lag_b - step)).sum(-1)
-            between = np.sqrt(((self.xy_m[index_a][:, :, None, :] - self.xy_m[index_b][:, None, :, :]) ** 2).sum(-1))
+            between = planar_distance(self.xy_m[index_a][:, :, None, :], self.xy_m[index_b][:, None, :, :])
             shared = index_a[:, :, None] == index_b[:, None, :]
             noise = self._row_noise(index_a, kernel)[:, :, None]
             lag_ab = self.years[index_a][:, :, None] - self.years[index_b][:, None, :]

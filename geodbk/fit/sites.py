@@ -38,6 +38,7 @@ from scipy.spatial import cKDTree
 
 from geodbk.dataset.inputs import TimeLike
 from geodbk.errors import InputDataError
+from geodbk.fit.local_kernel import planar_distance
 from geodbk.fit.posterior import MapPosterior
 from geodbk.ingest.quadkey import tile_centres
 
@@ -119,7 +120,7 @@ def _nearby(model: GeoModel, site_lonlat: np.ndarray, own: np.ndarray) -> sp.csr
     if len(pairs) == 0:
         return sp.csr_matrix((len(own), len(own)))
     i, j = pairs[:, 0], pairs[:, 1]
-    distance = np.sqrt(((xy[i] - xy[j]) ** 2).sum(1))
+    distance = planar_distance(xy[i], xy[j])
     values = share * np.sqrt(own[i] * own[j]) * np.exp(-distance / kernel.range_m) * _wendland(distance / cutoff)
     upper = sp.coo_matrix((values, (i, j)), shape=(len(own), len(own)))
     return (upper + upper.T).tocsr()
