@@ -1,17 +1,29 @@
 """Split protocols: random (as before), spatial blocks and forecast by quarter."""
 
+import warnings
+
 import numpy as np
 import pytest
 
-from geodbk.errors import InputDataError
 from geodbk.dataset.splits import (
+    BLOCK_LADDER_M,
     DEFAULT_BLOCK_M,
+    GOAL_HELD_OUT_BLOCKS,
+    GOAL_HELD_OUT_SHARE,
+    MIN_HELD_OUT_BLOCKS,
+    MIN_HELD_OUT_ROWS,
     SPLIT_PROTOCOLS,
     assign_split,
+    block_ids,
+    blocks_per_split,
+    check_usable_split,
+    choose_block_m,
     forecast_split,
+    noisy_test_note,
     random_split,
     spatial_block_split,
 )
+from geodbk.errors import InputDataError
 
 
 def _clustered_points(n: int, seed: int) -> np.ndarray:
@@ -72,7 +84,7 @@ def test_spatial_blocks_never_straddle_two_splits(cluster):
     labels = spatial_block_split(cluster, seed=0)
     keys = _block_keys(cluster, DEFAULT_BLOCK_M)
     labels_per_block = {}
-    for key, label in zip(keys.tolist(), labels.tolist()):
+    for key, label in zip(keys.tolist(), labels.tolist(), strict=True):
         labels_per_block.setdefault(key, set()).add(label)
     assert all(len(v) == 1 for v in labels_per_block.values())
     train_blocks = set(keys[labels == "train"].tolist())
@@ -106,7 +118,8 @@ def test_spatial_block_split_is_deterministic_per_seed(cluster):
 
 def test_spatial_block_split_does_not_depend_on_row_order(cluster):
     perm = np.random.default_rng(0).permutation(len(cluster))
-    np.testing.assert_array_equal(spatial_block_split(cluster, seed=4)[perm], spatial_block_split(cluster[perm], seed=4))
+    np.testing.assert_array_equal(spatial_block_split(cluster, seed=4)[perm],
+                                  spatial_block_split(cluster[perm], seed=4))
 
 
 def test_block_size_sets_the_blocks(cluster):
@@ -196,3 +209,134 @@ def test_assign_split_rejects_unknown_protocols_and_missing_or_mismatched_arrays
         assign_split("spatial-block", n=10, xy_m=cluster)
     with pytest.raises(InputDataError, match="disagree"):
         assign_split("forecast", xy_m=cluster, period=np.arange(10))
+
+
+# --- the block side chosen from the data ------------------------------------------------------------
+def _held_out(xy_m: np.ndarray, seed: int, block_m: float) -> tuple[int, int, float, float]:
+    """Val and test blocks and row shares of the spatial-block split, counted apart from choose_block_m."""
+    labels = spatial_block_split(xy_m, seed, block_m)
+    keys = _block_keys(xy_m, block_m)
+    blocks = [len(np.unique(keys[labels == s])) for s in ("val", "test")]
+    shares = [float(np.mean(labels == s)) for s in ("val", "test")]
+    return blocks[0], blocks[1], shares[0], shares[1]
+
+
+def _qualifies(xy_m: np.ndarray, seed: int, block_m: float) -> bool:
+    val, test, val_share, test_share = _held_out(xy_m, seed, block_m)
+    return min(val, test) >= GOAL_HELD_OUT_BLOCKS and min(val_share, test_share) >= GOAL_HELD_OUT_SHARE
+
+
+def _city(n: int, sd_m: float, seed: int) -> np.ndarray:
+    """``(n, 2)`` metres: one Gaussian cluster of ``sd_m`` around (53.7 km, 53.7 km), off the block corners."""
+    return 53_700.0 + np.random.default_rng(seed).normal(size=(n, 2)) * sd_m
+
+
+def test_the_ladder_runs_from_10_km_down_to_1_km():
+    assert BLOCK_LADDER_M[0] == DEFAULT_BLOCK_M == 10_000.0 and BLOCK_LADDER_M[-1] == 1_000.0
+    assert list(BLOCK_LADDER_M) == sorted(BLOCK_LADDER_M, reverse=True)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_wide_spread_keeps_10_km_blocks(cluster, seed):
+    assert choose_block_m(cluster, seed) == 10_000.0
+    assert _qualifies(cluster, seed, 10_000.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_city_gets_the_largest_side_that_holds_out_8_blocks_each(seed):
+    city = _city(3_000, 4_000.0, seed)
+    side = choose_block_m(city, seed)
+    assert side < 10_000.0 and _qualifies(city, seed, side)
+    assert not any(_qualifies(city, seed, larger) for larger in BLOCK_LADDER_M if larger > side)
+    val, test, _, _ = _held_out(city, seed, side)
+    assert val >= GOAL_HELD_OUT_BLOCKS and test >= GOAL_HELD_OUT_BLOCKS
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_too_few_places_get_the_side_with_the_most_held_out_blocks(seed):
+    town = _city(80, 2_000.0, seed)
+    splittable = [side for side in BLOCK_LADDER_M if len(np.unique(_block_keys(town, side))) >= 3]
+    assert splittable and not any(_qualifies(town, seed, side) for side in splittable)
+    fewest = {side: min(_held_out(town, seed, side)[:2]) if side in splittable else 0 for side in BLOCK_LADDER_M}
+    best = max(fewest.values())
+    assert choose_block_m(town, seed) == max(side for side, held in fewest.items() if held == best)
+
+
+def test_a_single_place_falls_back_to_10_km_and_the_split_refuses_it():
+    one = np.full((19, 2), 5_000.0)
+    assert choose_block_m(one, 0) == 10_000.0
+    with pytest.raises(InputDataError, match="only 1 block of 10 km"):
+        spatial_block_split(one, seed=0, block_m=None)
+
+
+def test_no_block_side_means_the_chosen_side_everywhere():
+    city = _city(3_000, 4_000.0, 0)
+    side = choose_block_m(city, 5)
+    np.testing.assert_array_equal(spatial_block_split(city, 5, None), spatial_block_split(city, 5, side))
+    np.testing.assert_array_equal(assign_split("spatial-block", xy_m=city, seed=5), spatial_block_split(city, 5, side))
+
+
+# --- refusing unusable splits -----------------------------------------------------------------------
+def test_a_random_split_of_fewer_than_1000_rows_is_refused_in_one_line():
+    labels = random_split(600, 0)
+    with pytest.raises(InputDataError) as refused:
+        check_usable_split(labels, "random")
+    message = str(refused.value)
+    assert message == ("the random split of 600 rows leaves 60 validation rows and 60 test rows (at least 100 needed); "
+                       "use more tiles or quarters")
+    assert "\n" not in message
+    check_usable_split(random_split(1000, 0), "random")
+
+
+def test_a_spatial_block_split_needs_5_blocks_and_100_rows_in_val_and_test():
+    labels = np.array(["train"] * 2000 + ["val"] * 300 + ["test"] * 41, dtype=object)
+    blocks = {"train": 40, "val": 9, "test": 3}
+    with pytest.raises(InputDataError) as refused:
+        check_usable_split(labels, "spatial-block", blocks=blocks, block_m=1_000.0)
+    assert str(refused.value) == (
+        "the spatial-block split of 2,341 rows leaves 3 test blocks (41 rows) at 1 km squares (at least "
+        f"{MIN_HELD_OUT_BLOCKS} blocks and {MIN_HELD_OUT_ROWS} rows needed); pass a smaller --block-km, or "
+        "--split random")
+    labels = np.array(["train"] * 2000 + ["val"] * 300 + ["test"] * 300, dtype=object)
+    with pytest.raises(InputDataError, match="leaves 4 validation blocks \\(300 rows\\) at 2.5 km squares"):
+        check_usable_split(labels, "spatial-block", blocks={"train": 40, "val": 4, "test": 9}, block_m=2_500.0)
+    with pytest.raises(InputDataError, match="blocks per split"):
+        check_usable_split(labels, "spatial-block")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_usable_split(labels, "spatial-block", blocks={"train": 40, "val": 5, "test": 5}, block_m=2_500.0)
+
+
+def test_a_chosen_side_short_of_8_blocks_warns_that_metrics_are_noisy():
+    labels = np.array(["train"] * 2000 + ["val"] * 300 + ["test"] * 300, dtype=object)
+    with pytest.warns(UserWarning) as caught:
+        check_usable_split(labels, "spatial-block", blocks={"train": 40, "val": 9, "test": 6}, block_m=1_000.0,
+                           chosen=True)
+    assert [str(w.message) for w in caught] == ["only 6 test blocks: metrics from this split are noisy"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_usable_split(labels, "spatial-block", blocks={"train": 40, "val": 8, "test": 8}, block_m=1_000.0,
+                           chosen=True)
+
+
+def test_a_forecast_split_with_a_thin_last_quarter_is_refused():
+    period = np.array([8090] * 3000 + [8091] * 60)
+    with pytest.raises(InputDataError, match="leaves 60 test rows .*or --split random"):
+        check_usable_split(forecast_split(period, 0), "forecast")
+
+
+def test_blocks_per_split_counts_distinct_blocks():
+    ids = np.array([0, 0, 1, 2, 2, 3, 4])
+    labels = np.array(["train", "train", "train", "val", "val", "test", "test"])
+    assert blocks_per_split(labels, ids) == {"train": 2, "val": 1, "test": 2}
+    xy = _city(500, 3_000.0, 1)
+    labels = spatial_block_split(xy, 1, 2_000.0)
+    counts = blocks_per_split(labels, block_ids(xy, 2_000.0))
+    assert sum(counts.values()) == len(np.unique(_block_keys(xy, 2_000.0)))
+
+
+def test_the_noisy_note_names_blocks_or_rows():
+    assert noisy_test_note(5_000, 25) is None and noisy_test_note(5_000) is None
+    assert noisy_test_note(13_246, 14) == ("note: the test metrics come from only 14 blocks (13,246 rows), so they are "
+                                           "noisy; compare models over several --seed values")
+    assert "only 640 rows" in str(noisy_test_note(640))

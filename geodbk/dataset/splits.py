@@ -16,14 +16,24 @@ deterministic for a given ``seed``.
     filled, in that order, into train until it holds 80% of the rows, then val until
     90%, the rest test, so the row shares stay close to 8:1:1 even when blocks hold
     very different numbers of rows. Test rows are then at least partly outside the
-    training footprint, as in spatial block cross-validation (e.g. verde).
+    training footprint, as in spatial block cross-validation (e.g. verde). Without a
+    ``block_m`` the side is chosen from the data (:func:`choose_block_m`): the largest of
+    :data:`BLOCK_LADDER_M` that holds out enough blocks and rows for that seed, so that a
+    city gets smaller squares than an island chain.
 
 ``forecast``
     Test is every row of the latest quarter; the earlier quarters' rows are split at
     random train:val = 8:1. It measures how well the past predicts the next quarter.
+
+:func:`check_usable_split` refuses a split whose validation or test set is too small to choose
+or score a model (fewer than :data:`MIN_HELD_OUT_ROWS` rows or :data:`MIN_HELD_OUT_BLOCKS`
+blocks); the ``geodbk`` verbs that make or use a split call it, the Python API does not.
 """
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -32,10 +42,25 @@ from geodbk.errors import InputDataError
 SPLIT_PROTOCOLS = ("random", "spatial-block", "forecast")
 #: Share of rows in train / val / test.
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
-#: Default side of a spatial block in metres.
-DEFAULT_BLOCK_M = 10_000.0
+#: Sides of a spatial block that :func:`choose_block_m` tries, metres, largest first.
+BLOCK_LADDER_M = (10_000.0, 8_000.0, 6_000.0, 5_000.0, 4_000.0, 3_000.0, 2_500.0, 2_000.0, 1_500.0, 1_200.0, 1_000.0)
+#: Side of a spatial block in metres where none is given or chosen (datasets written before the choice).
+DEFAULT_BLOCK_M = BLOCK_LADDER_M[0]
+#: What a chosen side aims for: at least this many blocks in each of val and test ...
+GOAL_HELD_OUT_BLOCKS = 8
+#: ... and at least this share of the rows in each.
+GOAL_HELD_OUT_SHARE = 0.05
+#: A split with fewer rows in val or test is refused by :func:`check_usable_split`.
+MIN_HELD_OUT_ROWS = 100
+#: A spatial-block split with fewer blocks in val or test is refused by :func:`check_usable_split`.
+MIN_HELD_OUT_BLOCKS = 5
+#: Test sets with fewer blocks (spatial-block) or rows than these give noisy metrics (:func:`noisy_test_note`).
+NOISY_TEST_BLOCKS = 20
+NOISY_TEST_ROWS = 1_000
 
 _LABELS = np.array(["train", "val", "test"], dtype=object)
+#: The held-out splits as the messages name them.
+_HELD_OUT = {"val": "validation", "test": "test"}
 
 
 def random_split(n: int, seed: int) -> np.ndarray:
@@ -90,27 +115,65 @@ def _block_cuts(sizes: np.ndarray) -> tuple[int, int]:
     return a, b
 
 
-def spatial_block_split(xy_m: np.ndarray, seed: int, block_m: float = DEFAULT_BLOCK_M) -> np.ndarray:
-    """``(n,)`` labels, one per square block of side ``block_m`` metres.
+def _block_codes(ids: np.ndarray, seed: int) -> np.ndarray:
+    """``(n_blocks,)`` split code (0 train, 1 val, 2 test) of each block of ``ids`` ``(n,)``.
 
-    ``xy_m`` is ``(n, 2)`` in metres of a projected CRS. Blocks are shuffled with
-    ``default_rng(seed)`` and filled in that order by row count to 80% train, 10% val
-    and the rest test (see :func:`_block_cuts`); each split gets at least one block.
+    Blocks are shuffled with ``default_rng(seed)`` and cut by row count (:func:`_block_cuts`);
+    needs at least 3 blocks.
     """
-    ids = block_ids(xy_m, block_m)
-    n_blocks = int(ids.max()) + 1 if ids.size else 0
-    if n_blocks < 3:
-        raise InputDataError(
-            f"spatial-block split needs 3 blocks but the points fall in only {n_blocks} "
-            f"blocks of {block_m / 1000:g} km; use a smaller block_m or the random split"
-        )
+    n_blocks = int(ids.max()) + 1
     order = np.random.default_rng(seed).permutation(n_blocks)
     a, b = _block_cuts(np.bincount(ids, minlength=n_blocks)[order])
     code = np.empty(n_blocks, dtype=np.int64)
     code[order[:a]] = 0
     code[order[a:b]] = 1
     code[order[b:]] = 2
-    return _LABELS[code[ids]]
+    return code
+
+
+def choose_block_m(xy_m: np.ndarray, seed: int) -> float:
+    """The spatial-block side, metres, for ``(n, 2)`` points ``xy_m`` in metres split with ``seed``.
+
+    The largest side of :data:`BLOCK_LADDER_M` whose split (:func:`spatial_block_split` with this
+    ``seed``) gives val and test at least :data:`GOAL_HELD_OUT_BLOCKS` blocks and
+    :data:`GOAL_HELD_OUT_SHARE` of the rows each. If no side does, the side with the most blocks
+    in the smaller of val and test (the larger side on ties).
+    """
+    xy = np.asarray(xy_m, dtype=np.float64)
+    best_m, best_blocks = BLOCK_LADDER_M[0], -1
+    for side in BLOCK_LADDER_M:
+        ids = block_ids(xy, side)
+        if ids.size == 0 or ids.max() < 2:  # fewer than 3 blocks: no split at this side
+            held_blocks = 0
+        else:
+            code = _block_codes(ids, seed)
+            held_blocks = min(int(np.sum(code == 1)), int(np.sum(code == 2)))
+            rows = np.bincount(code[ids], minlength=3)
+            if held_blocks >= GOAL_HELD_OUT_BLOCKS and min(rows[1], rows[2]) >= GOAL_HELD_OUT_SHARE * len(ids):
+                return side
+        if held_blocks > best_blocks:
+            best_m, best_blocks = side, held_blocks
+    return best_m
+
+
+def spatial_block_split(xy_m: np.ndarray, seed: int, block_m: float | None = DEFAULT_BLOCK_M) -> np.ndarray:
+    """``(n,)`` labels, one per square block of side ``block_m`` metres.
+
+    ``xy_m`` is ``(n, 2)`` in metres of a projected CRS. Blocks are shuffled with
+    ``default_rng(seed)`` and filled in that order by row count to 80% train, 10% val
+    and the rest test (see :func:`_block_cuts`); each split gets at least one block.
+    ``block_m=None`` chooses the side (:func:`choose_block_m`).
+    """
+    block_m = choose_block_m(xy_m, seed) if block_m is None else block_m
+    ids = block_ids(xy_m, block_m)
+    n_blocks = int(ids.max()) + 1 if ids.size else 0
+    if n_blocks < 3:
+        raise InputDataError(
+            f"the spatial-block split needs 3 blocks but the points fall in only {n_blocks} "
+            f"block{'' if n_blocks == 1 else 's'} of {block_m / 1000:g} km; use smaller blocks (block_m, "
+            "--block-km) or the random split"
+        )
+    return _LABELS[_block_codes(ids, seed)[ids]]
 
 
 def forecast_split(period: np.ndarray, seed: int) -> np.ndarray:
@@ -130,7 +193,8 @@ def forecast_split(period: np.ndarray, seed: int) -> np.ndarray:
         raise InputDataError("period must hold integer quarter indices (no NaN)")
     n_periods = len(np.unique(p))
     if n_periods < 2:
-        raise InputDataError(f"forecast split needs 2 distinct periods but the rows have {n_periods}")
+        raise InputDataError(f"the forecast split needs 2 distinct quarters but the rows have {n_periods}; use more "
+                             "quarters or another --split")
     latest = p == p.max()
     earlier = np.flatnonzero(~latest)
     val_share = SPLIT_FRACTIONS[1] / (SPLIT_FRACTIONS[0] + SPLIT_FRACTIONS[1])
@@ -165,13 +229,14 @@ def assign_split(
     xy_m: np.ndarray | None = None,
     period: np.ndarray | None = None,
     seed: int = 0,
-    block_m: float = DEFAULT_BLOCK_M,
+    block_m: float | None = None,
 ) -> np.ndarray:
     """``(n,)`` labels by ``protocol``, one of :data:`SPLIT_PROTOCOLS`.
 
     ``random`` needs the row count (``n``, or either array); ``spatial-block`` needs
-    ``xy_m`` ``(n, 2)`` in metres; ``forecast`` needs ``period`` ``(n,)``. Whatever is
-    given must agree on the number of rows.
+    ``xy_m`` ``(n, 2)`` in metres and takes blocks of ``block_m`` metres (``None``: chosen by
+    :func:`choose_block_m`); ``forecast`` needs ``period`` ``(n,)``. Whatever is given must
+    agree on the number of rows.
     """
     if protocol not in SPLIT_PROTOCOLS:
         raise InputDataError(f"unknown split protocol {protocol!r}; choose one of {', '.join(SPLIT_PROTOCOLS)}")
@@ -187,3 +252,77 @@ def assign_split(
     if period is None:
         raise InputDataError("the forecast split needs period, the (n,) integer quarter index")
     return forecast_split(period, seed)
+
+
+def blocks_per_split(labels: np.ndarray, ids: np.ndarray) -> dict[str, int]:
+    """Distinct blocks of each split: ``{"train": .., "val": .., "test": ..}`` from ``(n,)`` labels
+    and ``(n,)`` block ids (:func:`block_ids`)."""
+    labels, ids = np.asarray(labels).astype(str), np.asarray(ids)
+    return {str(split): len(np.unique(ids[labels == split])) for split in _LABELS}
+
+
+def _count(count: int, split: str, what: str) -> str:
+    """``"1 validation block"``, ``"60 test rows"``: ``count`` of ``what`` in a held-out ``split``."""
+    return f"{count:,} {_HELD_OUT[split]} {what}{'' if count == 1 else 's'}"
+
+
+def check_usable_split(
+    labels: np.ndarray,
+    protocol: str,
+    *,
+    blocks: Mapping[str, int] | None = None,
+    block_m: float | None = None,
+    chosen: bool = False,
+) -> None:
+    """Refuse a split too small to choose or score a model; warn where a chosen side falls short.
+
+    ``labels`` ``(n,)`` are ``"train"``/``"val"``/``"test"`` by ``protocol``; a ``spatial-block``
+    split also needs ``blocks`` (blocks per split, :func:`blocks_per_split`) and their side
+    ``block_m`` in metres. ``chosen``: the side was chosen by :func:`choose_block_m`, not given.
+
+    Raises:
+        InputDataError: val or test has fewer than :data:`MIN_HELD_OUT_ROWS` rows, or (spatial-block)
+            fewer than :data:`MIN_HELD_OUT_BLOCKS` blocks; the one-line message says what to pass.
+
+    Warns:
+        UserWarning: a chosen side leaves val or test fewer than :data:`GOAL_HELD_OUT_BLOCKS` blocks.
+    """
+    labels = np.asarray(labels).astype(str)
+    n = len(labels)
+    rows = {split: int(np.sum(labels == split)) for split in _HELD_OUT}
+    if protocol == "spatial-block":
+        if blocks is None or block_m is None:
+            raise InputDataError("checking a spatial-block split needs its blocks per split and block_m")
+        short = [s for s in _HELD_OUT if rows[s] < MIN_HELD_OUT_ROWS or blocks[s] < MIN_HELD_OUT_BLOCKS]
+        found = (" and ".join(f"{_count(blocks[s], s, 'block')} ({rows[s]:,} rows)" for s in short)
+                 + f" at {block_m / 1000:g} km squares (at least {MIN_HELD_OUT_BLOCKS} blocks and "
+                 f"{MIN_HELD_OUT_ROWS} rows needed)")
+        noisy = " and ".join(
+            _count(blocks[s], s, "block") for s in _HELD_OUT if chosen and blocks[s] < GOAL_HELD_OUT_BLOCKS)
+    else:
+        short = [s for s in _HELD_OUT if rows[s] < MIN_HELD_OUT_ROWS]
+        found = " and ".join(_count(rows[s], s, "row") for s in short) + (
+            f" (at least {MIN_HELD_OUT_ROWS} needed)")
+        noisy = ""
+    if short:
+        if SPLIT_FRACTIONS[1] * n < MIN_HELD_OUT_ROWS:  # no protocol can hold out enough rows
+            advice = "use more tiles or quarters"
+        elif protocol == "spatial-block":
+            advice = "pass a smaller --block-km, or --split random"
+        else:
+            advice = "use more tiles or quarters, or --split random"
+        raise InputDataError(f"the {protocol} split of {n:,} rows leaves {found}; {advice}")
+    if noisy:
+        warnings.warn(f"only {noisy}: metrics from this split are noisy", UserWarning, stacklevel=2)
+
+
+def noisy_test_note(test_rows: int, test_blocks: int | None = None) -> str | None:
+    """One line saying that test metrics are noisy, when the test set has fewer than
+    :data:`NOISY_TEST_ROWS` rows or ``test_blocks`` (spatial-block) fewer than
+    :data:`NOISY_TEST_BLOCKS` blocks; None otherwise."""
+    few_blocks = test_blocks is not None and test_blocks < NOISY_TEST_BLOCKS
+    if not (few_blocks or test_rows < NOISY_TEST_ROWS):
+        return None
+    source = f"{test_rows:,} rows" if test_blocks is None else f"{test_blocks} blocks ({test_rows:,} rows)"
+    return (f"note: the test metrics come from only {source}, so they are noisy; compare models over several "
+            "--seed values")
