@@ -1,6 +1,7 @@
 """SpatialDataset: building, scaling, splitting, dropping, summary and the file round trip."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import geopandas as gpd
@@ -16,9 +17,9 @@ from geodbk.dataset.spatial_dataset import (
     load_sample_dataset,
     parse_quarters,
 )
+from geodbk.dataset.splits import random_split
 from geodbk.errors import InputDataError, RegionError
 from geodbk.ingest.quadkey import quadkey_centres
-from geodbk.dataset.splits import random_split
 
 
 def test_coordinate_transform_maps_the_box_to_the_unit_square():
@@ -190,7 +191,8 @@ def test_tiles_in_another_crs_are_reprojected_and_no_crs_is_refused(pr_tiles_202
     projected = pr_tiles_2023q4.to_crs(3857)
     ds = build_dataset(projected, "PR", quarters="2023Q4")
     assert ds.frame.crs.to_epsg() == 4326
-    np.testing.assert_allclose(np.asarray(ds.frame.geometry.bounds), np.asarray(pr_dataset.frame.geometry.bounds), atol=1e-9)
+    np.testing.assert_allclose(np.asarray(ds.frame.geometry.bounds), np.asarray(pr_dataset.frame.geometry.bounds),
+                               atol=1e-9)
     no_crs = pr_tiles_2023q4.set_crs(None, allow_override=True)
     with pytest.raises(InputDataError, match="no CRS"):
         build_dataset(no_crs, "PR")
@@ -243,3 +245,74 @@ def test_a_dataset_loaded_without_polygons_saves_them_from_its_source_file(tmp_p
         resplit.save(tmp_path / "nowhere.parquet")
     with pytest.raises(InputDataError, match="rows"):
         dataclasses.replace(resplit, frame=resplit.frame.iloc[:10]).save(tmp_path / "x.parquet", geometry_from=source)
+
+
+# --- the spatial-block side: chosen for the seed, or given, and kept in the file --------------------
+@pytest.mark.parametrize(("region", "val", "test"), [("PR", 11, 14), ("HI", 11, 8)])
+def test_the_shipped_samples_keep_10_km_blocks_at_seed_0(region, val, test):
+    """The PR and HI benchmark splits of seed 0 are the 10 km splits they were before the choice."""
+    ds = load_sample_dataset(region, split="spatial-block")
+    assert (ds.block_m, ds.block_choice) == (10_000.0, "chosen")
+    assert ds.held_out_blocks()["val"] == val and ds.held_out_blocks()["test"] == test
+    given = load_sample_dataset(region, split="spatial-block", block_m=10_000.0)
+    np.testing.assert_array_equal(ds.frame["split"].to_numpy(), given.frame["split"].to_numpy())
+    assert given.block_choice == "given"
+    assert f"spatial-block split: 10 km squares chosen for {len(ds):,} rows (val {val} blocks, test {test} blocks)" in (
+        ds.summary().splitlines())
+
+
+def test_a_chosen_side_is_chosen_again_for_a_new_seed_and_a_given_one_is_kept(pr_dataset):
+    chosen = pr_dataset.with_split("spatial-block", seed=0)
+    assert chosen.block_choice == "chosen" and pr_dataset.block_choice == "chosen"  # built without block_m
+    small = dataclasses.replace(chosen, frame=chosen.frame[chosen.frame["lon"] > -66.2])  # the San Juan end
+    again = small.with_split("spatial-block", seed=1)
+    assert again.block_choice == "chosen" and again.block_m < 10_000.0
+    assert min(again.held_out_blocks()["val"], again.held_out_blocks()["test"]) >= 8
+    given = small.with_split("spatial-block", seed=1, block_m=5_000.0)
+    assert (given.block_m, given.block_choice) == (5_000.0, "given")
+    kept = given.with_split("spatial-block", seed=2)
+    assert (kept.block_m, kept.block_choice) == (5_000.0, "given")
+    assert given.with_split("random").block_m == 5_000.0
+
+
+def test_held_out_blocks_counts_the_squares_of_each_split(pr_dataset):
+    from geodbk.dataset.coords import ProjectedTransform
+
+    ds = pr_dataset.with_split("spatial-block", block_m=4_000.0)
+    lonlat = ds.frame[["lon", "lat"]].to_numpy(np.float64)
+    cells = np.floor(ProjectedTransform.from_lonlat(lonlat).to_metres(lonlat) / 4_000.0).astype(np.int64)
+    keys = cells[:, 0] * 1_000_003 + cells[:, 1]
+    split = ds.frame["split"].to_numpy()
+    assert ds.held_out_blocks() == {s: len(np.unique(keys[split == s])) for s in ("train", "val", "test")}
+    assert not set(keys[split == "train"]) & set(keys[split == "test"])
+
+
+def test_the_block_choice_round_trips_and_old_files_read_as_given(tmp_path, pr_dataset):
+    chosen = pr_dataset.with_split("spatial-block", seed=3)
+    back = SpatialDataset.load(chosen.save(tmp_path / "chosen.parquet"))
+    assert (back.block_m, back.block_choice) == (chosen.block_m, "chosen")
+    assert back.metadata() == chosen.metadata()
+    given_file = pr_dataset.with_split("spatial-block", block_m=2_500.0).save(tmp_path / "given.parquet")
+    given = SpatialDataset.load(given_file)
+    assert (given.block_m, given.block_choice) == (2_500.0, "given")
+    # a file written before the choice: no block_choice in its metadata
+    table = pq.read_table(given_file)
+    meta = json.loads(table.schema.metadata[b"geodbk"])
+    del meta["block_choice"]
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"geodbk": json.dumps(meta).encode()}),
+                   tmp_path / "old.parquet")
+    old = SpatialDataset.load(tmp_path / "old.parquet")
+    assert (old.block_m, old.block_choice) == (2_500.0, "given")
+    assert old.with_split("spatial-block", seed=7).block_m == 2_500.0
+    with pytest.raises(InputDataError, match="block_choice"):
+        dataclasses.replace(old, block_choice="guessed")
+
+
+def test_check_split_refuses_a_small_split_and_the_python_api_does_not(pr_dataset):
+    small = dataclasses.replace(pr_dataset, frame=pr_dataset.frame.iloc[::10])
+    assert len(small.subset("val")) < 100  # built and kept: only the CLI verbs refuse
+    with pytest.raises(InputDataError, match=f"the random split of {len(small):,} rows leaves"):
+        small.check_split()
+    pr_dataset.check_split()
+    assert pr_dataset.test_note() == ("note: the test metrics come from only 643 rows, so they are noisy; compare "
+                                      "models over several --seed values")

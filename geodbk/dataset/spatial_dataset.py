@@ -7,7 +7,7 @@ and returns a :class:`SpatialDataset`, which saves to and loads from one GeoParq
 all of its metadata in the file's key-value metadata (key ``geodbk``). What a model sees of a row is
 decided by :class:`geodbk.dataset.inputs.InputSpace`.
 
-Size: the class and its builder, about 480 lines together: the builder writes the columns (one
+Size: the class and its builder, about 550 lines together: the builder writes the columns (one
 target's or several's) that the class's views, save and load read back.
 """
 
@@ -29,7 +29,15 @@ import shapely
 from geodbk import paths
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
 from geodbk.dataset.quarters import Quarter
-from geodbk.dataset.splits import DEFAULT_BLOCK_M, assign_split
+from geodbk.dataset.splits import (
+    DEFAULT_BLOCK_M,
+    assign_split,
+    block_ids,
+    blocks_per_split,
+    check_usable_split,
+    choose_block_m,
+    noisy_test_note,
+)
 from geodbk.dataset.targets import TARGETS, parse_targets, target_column
 from geodbk.errors import InputDataError, RegionError
 from geodbk.fileio import atomic_path
@@ -45,6 +53,8 @@ _METADATA_KEY = b"geodbk"
 #: Rows per batch when a dataset without its polygons is saved over the file it came from.
 SAVE_BATCH_ROWS = 65536
 _FORMAT_VERSION = 1
+#: How a dataset's block side came about: chosen from the data for its seed, or given by the user.
+BLOCK_CHOICES = ("chosen", "given")
 
 
 @dataclass
@@ -67,6 +77,9 @@ class SpatialDataset:
         buffer_deg: region buffer used when clipping, degrees.
         split_protocol: how rows were split (:data:`geodbk.dataset.splits.SPLIT_PROTOCOLS`).
         block_m: block side of the ``spatial-block`` protocol, metres.
+        block_choice: ``"chosen"`` (by :func:`geodbk.dataset.splits.choose_block_m` for the seed; a
+            new seed chooses again) or ``"given"`` (kept by :meth:`with_split`); files written
+            before the choice read as ``"given"``.
         extra_targets: further targets of the same rows (``("upload",)`` beside download), in
             columns ``value_<target>`` and ``y_<target>``; see :meth:`for_target`.
     """
@@ -82,7 +95,12 @@ class SpatialDataset:
     buffer_deg: float = DEFAULT_BUFFER_DEG
     split_protocol: str = "random"
     block_m: float = DEFAULT_BLOCK_M
+    block_choice: str = "given"
     extra_targets: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.block_choice not in BLOCK_CHOICES:
+            raise InputDataError(f"block_choice must be one of {', '.join(BLOCK_CHOICES)}, got {self.block_choice!r}")
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -125,16 +143,50 @@ class SpatialDataset:
     def with_split(self, protocol: str, *, seed: int | None = None, block_m: float | None = None) -> SpatialDataset:
         """A copy with rows re-split by ``protocol`` (``random``, ``spatial-block``, ``forecast``).
 
-        ``spatial-block`` holds out whole squares of ``block_m`` metres (default 10 km) in an
-        equal-area projection centred on the tiles; ``forecast`` tests on the last quarter.
+        ``spatial-block`` holds out whole squares of ``block_m`` metres in an equal-area
+        projection centred on the tiles; ``block_m=None`` keeps a side the user gave
+        (:attr:`block_choice` ``"given"``) and otherwise chooses it again for ``seed``
+        (:func:`geodbk.dataset.splits.choose_block_m`). ``forecast`` tests on the last quarter.
         """
         seed = self.seed if seed is None else seed
-        block_m = self.block_m if block_m is None else float(block_m)
+        if block_m is None and self.block_choice == "given":
+            block_m = self.block_m
         frame = self.frame.copy()
-        frame["split"] = _split_rows(
+        frame["split"], side = _split_rows(
             frame[["lon", "lat"]].to_numpy(np.float64), frame["year"], frame["quarter"], protocol, seed, block_m
         )
-        return replace(self, frame=frame, seed=seed, split_protocol=protocol, block_m=block_m)
+        return replace(self, frame=frame, seed=seed, split_protocol=protocol, block_m=side,
+                       block_choice="chosen" if block_m is None else "given")
+
+    def held_out_blocks(self) -> dict[str, int]:
+        """Blocks of side :attr:`block_m` that each split's rows fall in, ``{"train": .., "val": ..,
+        "test": ..}``, on the projection the split was made in (:func:`_split_metres`); under the
+        spatial-block protocol each block belongs to one split."""
+        ids = block_ids(_split_metres(self.frame[["lon", "lat"]].to_numpy(np.float64)), self.block_m)
+        return blocks_per_split(self.frame["split"].to_numpy(), ids)
+
+    def block_line(self) -> str | None:
+        """``"spatial-block split: 2.5 km squares chosen for 4,812 rows (val 9 blocks, test 11 blocks)"``;
+        None under another protocol."""
+        if self.split_protocol != "spatial-block":
+            return None
+        blocks = self.held_out_blocks()
+        return (f"spatial-block split: {self.block_m / 1000:g} km squares {self.block_choice} for {len(self):,} rows "
+                f"(val {blocks['val']} blocks, test {blocks['test']} blocks)")
+
+    def check_split(self) -> None:
+        """Refuse a split whose val or test set is too small to use, in one line; warn where a
+        chosen side holds out few blocks (:func:`geodbk.dataset.splits.check_usable_split`)."""
+        spatial = self.split_protocol == "spatial-block"
+        check_usable_split(self.frame["split"].to_numpy(), self.split_protocol,
+                           blocks=self.held_out_blocks() if spatial else None, block_m=self.block_m,
+                           chosen=self.block_choice == "chosen")
+
+    def test_note(self) -> str | None:
+        """One line saying that the test metrics are noisy when the test set is small, else None
+        (:func:`geodbk.dataset.splits.noisy_test_note`)."""
+        blocks = self.held_out_blocks()["test"] if self.split_protocol == "spatial-block" else None
+        return noisy_test_note(int((self.frame["split"] == "test").sum()), blocks)
 
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``X`` (n, 2) region-box inputs ``x1, x2`` (the paper protocol), ``y`` (n,) log10
@@ -151,8 +203,8 @@ class SpatialDataset:
         lines = [
             f"SpatialDataset: {self.region.name}, {self.target} ({self.units}), y = log10({self.target})",
             f"rows: {len(f):,} in {len(self.quarters)} quarter(s) "
-            f"{self.quarters[0]}..{self.quarters[-1]}; {self.split_protocol} split 8:1:1 with seed {self.seed}"
-            + (f" ({self.block_m / 1000:g} km blocks)" if self.split_protocol == "spatial-block" else ""),
+            f"{self.quarters[0]}..{self.quarters[-1]}; {self.split_protocol} split 8:1:1 with seed {self.seed}",
+            *filter(None, [self.block_line()]),
             "region box (W S E N): "
             + " ".join(
                 f"{v:.6f}"
@@ -208,6 +260,7 @@ class SpatialDataset:
             "buffer_deg": float(self.buffer_deg),
             "split_protocol": self.split_protocol,
             "block_m": float(self.block_m),
+            "block_choice": self.block_choice,
             "extra_targets": list(self.extra_targets),
         }
 
@@ -291,6 +344,7 @@ class SpatialDataset:
             buffer_deg=float(meta["buffer_deg"]),
             split_protocol=meta.get("split_protocol", "random"),
             block_m=float(meta.get("block_m", DEFAULT_BLOCK_M)),
+            block_choice=meta.get("block_choice", "given"),
             extra_targets=tuple(meta.get("extra_targets", ())),
         )
 
@@ -309,14 +363,24 @@ def parse_quarters(quarters: str | Sequence[str | tuple[int, int]] | None) -> li
     return [(quarter.year, quarter.number) for quarter in parsed]
 
 
+def _split_metres(lonlat: np.ndarray) -> np.ndarray:
+    """``(n, 2)`` metres of rows at ``lonlat`` ``(n, 2)`` degrees in the equal-area projection
+    centred on them: where spatial blocks are drawn."""
+    return ProjectedTransform.from_lonlat(lonlat).to_metres(lonlat)
+
+
 def _split_rows(
-    lonlat: np.ndarray, year: np.ndarray, quarter: np.ndarray, protocol: str, seed: int, block_m: float
-) -> np.ndarray:
-    """Split labels (n,) of rows at ``lonlat`` (n, 2) degrees in (year, quarter) by ``protocol``."""
-    xy_m = ProjectedTransform.from_lonlat(lonlat).to_metres(lonlat) if protocol == "spatial-block" else None
+    lonlat: np.ndarray, year: np.ndarray, quarter: np.ndarray, protocol: str, seed: int, block_m: float | None
+) -> tuple[np.ndarray, float]:
+    """Split labels (n,) of rows at ``lonlat`` (n, 2) degrees in (year, quarter) by ``protocol``, and the
+    block side in metres: ``block_m``, or where None and the protocol is spatial-block the side chosen
+    for ``seed`` (:data:`DEFAULT_BLOCK_M` under the other protocols)."""
+    xy_m = _split_metres(lonlat) if protocol == "spatial-block" else None
+    if block_m is None:
+        block_m = DEFAULT_BLOCK_M if xy_m is None else choose_block_m(xy_m, seed)
     period = np.asarray(year, dtype=np.int64) * 4 + np.asarray(quarter, dtype=np.int64) - 1
     labels = assign_split(protocol, n=len(lonlat), xy_m=xy_m, period=period, seed=seed, block_m=block_m)
-    return np.asarray(labels).astype(str)
+    return np.asarray(labels).astype(str), float(block_m)
 
 
 def _check_keys(tiles: pd.DataFrame) -> None:
@@ -337,7 +401,7 @@ def build_dataset(
     quarters: str | Sequence[str | tuple[int, int]] | None = None,
     seed: int = 0,
     split: str = "random",
-    block_m: float = DEFAULT_BLOCK_M,
+    block_m: float | None = None,
     urban_areas: str | Path | gpd.GeoDataFrame | None = None,
     urban_threshold: float = 0.5,
     service: str | None = None,
@@ -359,7 +423,9 @@ def build_dataset(
         seed: seed of the 8:1:1 train/val/test assignment.
         split: ``"random"`` (rows; a tile's other quarters can land in train), ``"spatial-block"``
             (whole ``block_m`` squares held out) or ``"forecast"`` (the last quarter is the test set).
-        block_m: block side of the spatial-block split, metres (10 km).
+        block_m: block side of the spatial-block split, metres; ``None`` chooses it from the rows
+            for ``seed`` (:func:`geodbk.dataset.splits.choose_block_m`), and again when
+            :meth:`SpatialDataset.with_split` re-splits with another seed.
         urban_areas: Census Urban Area polygons; ``None`` uses the county urban share.
         urban_threshold: county route: urban when the county urban share >= this.
         service: keep only ``"mobile"`` or ``"fixed"`` tiles (``None``: all; it is an error
@@ -411,6 +477,7 @@ def build_dataset(
     lonlat = quadkey_centres(np.asarray(uniques, dtype=object))[codes]
     xy = transform.to_unit(lonlat)
     value = tagged[column].to_numpy(dtype=np.float64) / divisor
+    labels, side = _split_rows(lonlat, tagged["year"], tagged["quarter"], split, seed, block_m)
     frame = gpd.GeoDataFrame(
         {
             "quadkey": tagged["quadkey"].to_numpy(),
@@ -426,7 +493,7 @@ def build_dataset(
             "value": value,
             "y": np.log10(value),
             "urban_rural": tagged["urban_rural"].to_numpy(),
-            "split": _split_rows(lonlat, tagged["year"], tagged["quarter"], split, seed, block_m),
+            "split": labels,
         },
         geometry=tagged.geometry.to_numpy(),
         crs=4326,
@@ -448,7 +515,8 @@ def build_dataset(
         seed=seed,
         buffer_deg=buffer_deg,
         split_protocol=split,
-        block_m=float(block_m),
+        block_m=side,
+        block_choice="chosen" if block_m is None else "given",
         extra_targets=targets[1:],
     )
 
