@@ -230,6 +230,8 @@ class DemoConfig:
         protocol: ``"space-time"`` (default) or the paper's ``"paper"`` (see
             :mod:`geodbk.dataset.inputs`).
         split: ``"random"``, ``"spatial-block"`` or ``"forecast"`` (see :mod:`geodbk.dataset.splits`).
+        block_m: block side of the spatial-block split, metres; ``None`` chooses it from the tiles for
+            ``seed`` (:func:`geodbk.dataset.splits.choose_block_m`).
         map_quarter: map only this quarter (2-D layers); default every fitted quarter along a
             CF ``time`` dimension (the dashboard's quarter slider).
         change: ``(from, to)`` quarters of the change layers (GP kinds); default the year to
@@ -258,6 +260,7 @@ class DemoConfig:
     plan_budget: int = DEMO_PLAN_BUDGET
     protocol: str = "space-time"
     split: str = "random"
+    block_m: float | None = None
     map_quarter: str | None = None
     change: tuple[str, str] | None = None
     threshold: float | None = None
@@ -346,7 +349,8 @@ def run_demo(
     is left as it was.
 
     Raises:
-        InputDataError: no model kinds.
+        InputDataError: no model kinds, or a split that leaves too little to validate or test on
+            (:meth:`geodbk.dataset.spatial_dataset.SpatialDataset.check_split`, before any fit).
         OutputExistsError: ``out_dir`` holds something other than an empty folder or a run
             folder geodbk wrote (which the swap would delete), unless ``overwrite``.
     """
@@ -372,8 +376,10 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
 
     t0 = time.perf_counter()
     dataset = load_sample_dataset(
-        cfg.region, cfg.target, quarters=list(cfg.quarters) if cfg.quarters else None, seed=cfg.seed, split=cfg.split
+        cfg.region, cfg.target, quarters=list(cfg.quarters) if cfg.quarters else None, seed=cfg.seed, split=cfg.split,
+        block_m=cfg.block_m,
     )
+    dataset.check_split()
     echo(dataset.summary())
     dataset.save(run.dataset)
     wrote(run.dataset)
@@ -403,6 +409,8 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
     table = metrics_table(results)
     echo("test-split metrics (y = log10 " + f"{dataset.target} in {dataset.units}):")
     echo(format_metrics_table(table))
+    if (note := dataset.test_note()) is not None:
+        echo(note)
     for path in save_metrics(table, run.root):
         wrote(path)
 

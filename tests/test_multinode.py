@@ -27,9 +27,10 @@ TIMEOUT = 300
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory, pr_dataset) -> Path:
-    """Every eighth row of the Puerto Rico dataset (about 2,100 tiles)."""
+    """Every fifth row of the Puerto Rico dataset (1,284 tiles: 134 validation and 119 test rows, over
+    the 100 each that geodbk fit needs)."""
     path = tmp_path_factory.mktemp("multinode") / "dataset.parquet"
-    dataclasses.replace(pr_dataset, frame=pr_dataset.frame.iloc[::8].copy()).save(path)
+    dataclasses.replace(pr_dataset, frame=pr_dataset.frame.iloc[::5].copy()).save(path)
     return path
 
 

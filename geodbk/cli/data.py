@@ -7,7 +7,14 @@ import argparse
 import sys
 from typing import Any
 
-from geodbk.cli.options import add_split_options, check_device, check_positive, check_split_options, finite_float
+from geodbk.cli.options import (
+    add_split_options,
+    block_metres,
+    check_device,
+    check_positive,
+    check_split_options,
+    finite_float,
+)
 
 
 def _add_ingest(sub: argparse._SubParsersAction) -> None:
@@ -72,10 +79,26 @@ def _run_ingest(args: argparse.Namespace) -> int:
     max_bytes = None if args.max_download_mb is None else int(args.max_download_mb * 1e6)
     with download_limits(max_bytes, args.download_deadline):
         dataset = _build(args, tiles)
+    _check_ingested_split(dataset, asked=args.split is not None)
     print(dataset.summary())
     if args.out:
         print(f"wrote {dataset.save(args.out)}")
     return 0
+
+
+def _check_ingested_split(dataset: Any, *, asked: bool) -> None:
+    """Refuse a --split that leaves too little to validate or test on; without --split the dataset
+    is still written, with a warning that ``geodbk fit`` will refuse its split."""
+    import warnings
+
+    from geodbk.errors import InputDataError
+
+    try:
+        dataset.check_split()
+    except InputDataError as err:
+        if asked:
+            raise
+        warnings.warn(f"geodbk fit will refuse this dataset's split: {err}", UserWarning, stacklevel=2)
 
 
 def _build(args: argparse.Namespace, tiles: list[str]) -> Any:
@@ -90,7 +113,7 @@ def _build(args: argparse.Namespace, tiles: list[str]) -> Any:
         quarters=args.quarters,
         seed=args.seed,
         split=args.split or "random",
-        block_m=1000.0 * args.block_km,
+        block_m=block_metres(args),
         urban_areas=args.urban_areas,
         urban_threshold=args.urban_threshold,
         service=args.service,
@@ -231,7 +254,8 @@ def _kinds(args: argparse.Namespace) -> list[str]:
 
 
 def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
-    """Fit and evaluate every kind, then write the run folder; only ``main`` prints and writes."""
+    """Fit and evaluate every kind, then write the run folder; only ``main`` checks the split and
+    the run folder, prints and writes (a refusal there stops the other workers)."""
     import time
     from pathlib import Path
 
@@ -257,7 +281,9 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     model_config = get_protocol(args.protocol).model_config(preset, **overrides)
     dataset = SpatialDataset.load(args.dataset, geometry=False)  # polygons: 1.6 KB a row, not needed to fit
     if args.split is not None:
-        dataset = dataset.with_split(args.split, seed=args.seed, block_m=1000.0 * args.block_km)
+        dataset = dataset.with_split(args.split, seed=args.seed, block_m=block_metres(args))
+    if main:  # a split too small to validate or test on is refused before anything is fitted
+        dataset.check_split()
     n_train = int((dataset.frame["split"] == "train").sum())
     check_model_size(model_config, 3, n_train, allow_large=args.allow_large_model)  # before any tensor
     run = RunFolder(Path(args.out))
@@ -265,6 +291,8 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
         run.check_fits(dataset, kinds, overwrite=args.overwrite)
     echo(f"{args.protocol} protocol, {dataset.split_protocol} split: "
          + ", ".join(f"{s} {int((dataset.frame['split'] == s).sum()):,}" for s in ("train", "val", "test")))
+    if main and (blocks := dataset.block_line()) is not None:
+        echo(blocks)
     density = None
     if args.density_tiles:
         from geodbk.dataset.density import read_density_tiles
@@ -288,6 +316,8 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     # a failed or killed fit leaves the run folder as it was, and earlier models' rows are kept
     table = run.save_fits(dataset, models, results, overwrite=args.overwrite, geometry_from=args.dataset)
     echo(format_metrics_table(table))
+    if (note := dataset.test_note()) is not None:
+        echo(note)
     return 0
 
 

@@ -7,11 +7,14 @@ import sys
 from typing import Any
 
 from geodbk.cli.options import (
+    add_block_option,
     add_extrapolation_option,
     add_map_options,
+    block_metres,
     check_device,
     check_listen_address,
     check_map_options,
+    check_split_options,
     parse_change,
     parse_quarter,
     parse_quarter_list,
@@ -111,6 +114,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", choices=PROTOCOLS, help="model inputs (default space-time)")
     p.add_argument("--split", choices=("random", "spatial-block", "forecast"),
                    help="train/val/test protocol (default random)")
+    add_block_option(p)
     p.add_argument("--quarter", help="map only this quarter, e.g. 2023Q1 (default: every fitted quarter along "
                    "a time dimension; the GeoTIFF has the latest)")
     add_map_options(p)
@@ -141,6 +145,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.no_threshold:
         raise InputDataError("the demo always maps P(below the benchmark); give --threshold MBPS to change it")
     check_map_options(args)
+    check_split_options(args)
     if args.device is not None:
         check_device(args.device, allow_auto=True)
     if args.epochs is not None and args.epochs < 1:
@@ -155,6 +160,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         "device": args.device,
         "protocol": args.protocol,
         "split": args.split,
+        "block_m": block_metres(args),
         "map_quarter": None if args.quarter is None else parse_quarter(args.quarter),
         "max_distance": args.max_distance,
         "change": parse_change(args.change),

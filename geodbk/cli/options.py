@@ -87,15 +87,29 @@ def add_split_options(p: argparse.ArgumentParser, *, keep: bool = False) -> None
                    help=f"train/val/test protocol (default: {default}). random: 8:1:1 over (tile, quarter) rows, "
                    "so a test tile's other quarters can be in training (optimistic); spatial-block: whole "
                    "blocks of --block-km held out (unseen places); forecast: test on the last quarter")
-    p.add_argument("--block-km", type=finite_float, default=10.0,
-                   help="block side of the spatial-block split, km (default 10)")
+    add_block_option(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the split (and of the fits) (default 0)")
 
 
+def add_block_option(p: argparse.ArgumentParser) -> None:
+    """--block-km (ingest, fit and demo)."""
+    from geodbk.dataset.splits import BLOCK_LADDER_M, GOAL_HELD_OUT_BLOCKS
+
+    p.add_argument("--block-km", type=finite_float, default=None, metavar="KM",
+                   help="block side of the spatial-block split, km (default: chosen from the tiles for the seed, the "
+                   f"largest of {BLOCK_LADDER_M[0] / 1000:g} km down to {BLOCK_LADDER_M[-1] / 1000:g} km that holds "
+                   f"out {GOAL_HELD_OUT_BLOCKS} validation and {GOAL_HELD_OUT_BLOCKS} test blocks)")
+
+
 def check_split_options(args: argparse.Namespace) -> None:
-    """A positive --block-km."""
-    if not args.block_km > 0:
+    """A positive --block-km, where given."""
+    if args.block_km is not None and not args.block_km > 0:
         raise InputDataError(f"--block-km must be positive, got {args.block_km}")
+
+
+def block_metres(args: argparse.Namespace) -> float | None:
+    """--block-km in metres, or None (chosen from the data)."""
+    return None if args.block_km is None else 1000.0 * args.block_km
 
 
 def add_map_options(p: argparse.ArgumentParser) -> None:
@@ -189,9 +203,11 @@ def check_domain(
 
 
 __all__ = [
+    "add_block_option",
     "add_extrapolation_option",
     "add_map_options",
     "add_split_options",
+    "block_metres",
     "check_device",
     "check_listen_address",
     "check_domain",
