@@ -4,8 +4,8 @@ Every case of the hostile-input suite (issue 19) is a command line run against a
 real files. Whatever the input, the command must
 
 * succeed (exit 0), or fail with exit status 2 (130 after Ctrl-C) and exactly one error line
-  on stderr, ``geodbk <command>: error: ...``, the last (one-line warnings may precede it); an exception escaping :func:`geodbk.cli.main` is a
-  traceback and fails the case;
+  on stderr, ``geodbk <command>: error: ...``, the last (one-line warnings may precede it); an
+  exception escaping :func:`geodbk.cli.main` is a traceback and fails the case;
 * leave the bytes of every file that was there before unchanged, except the paths the case
   names as its intended output;
 * leave no staged temporary (``*.tmp``) behind.

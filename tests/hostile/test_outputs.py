@@ -237,7 +237,8 @@ OWN_INPUT: dict[str, Callable[[Path], list[str]]] = {
     "export-tiles-onto-its-dataset": lambda w: export_tiles(w, w / "dataset.parquet"),
     "export-tiles-onto-its-model": lambda w: export_tiles(w, w / "knn.pt"),
     "export-zarr-onto-the-folder-of-its-grid": lambda w: ["export", "--grid", str(w / "grid.nc"), "--zarr", str(w)],
-    "ingest-onto-its-tiles": lambda w: ["ingest", "--tiles", str(w / "tiles.parquet"), "--out", str(w / "tiles.parquet")],
+    "ingest-onto-its-tiles": lambda w: ["ingest", "--tiles", str(w / "tiles.parquet"),
+                                        "--out", str(w / "tiles.parquet")],
     "summarize-onto-its-polygons": lambda w: ["summarize", "--model", str(w / "knn.pt"), "--polygons",
                                               str(w / "p.geojson"), "--out", str(w / "p.geojson")],
 }
