@@ -47,3 +47,13 @@ def test_explicit_settings_win_over_the_scaled_schedule():
     assert PAPER.schedule(10_000_000) == (PAPER.batch_size, PAPER.lr, PAPER.epochs)
     assert run_preset("paper").configs(10_000_000)[1].batch_size == 1024
     assert SPACE_TIME.configs("cpu", 113_000)[1].batch_size == 4096
+
+
+@pytest.mark.parametrize(("n_rows", "epochs"), [(800, 500), (2_074, 167), (5_500, 84), (12_000, 42), (27_000, 20)])
+def test_cpu_epochs_grow_until_a_small_region_takes_500_steps(n_rows, epochs):
+    """A city's 2k training rows make 3 steps of 1024 an epoch: 20 epochs would be 60 steps.
+    The epochs grow to the fewest that take 500; HI's 27k rows (27 steps an epoch) keep 20."""
+    batch, _, got = CPU.schedule(n_rows)
+    assert got == epochs
+    steps = math.ceil(n_rows / batch)
+    assert got * steps >= CPU.min_steps and (got == CPU.epochs or (got - 1) * steps < CPU.min_steps)

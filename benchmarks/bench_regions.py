@@ -1,0 +1,214 @@
+"""Map quality on small regions cropped from the shipped samples: the table that the defaults
+for a city or an island are chosen on.
+
+Each region is a group of counties (Hawaii's islands one by one; municipio groups of Puerto
+Rico), cut from the shipped mobile download sample with the Census 1:20M county boundaries, with
+the region's shipped fixed-broadband tiles as every model's density layer. On each region, fit
+dbk-rbf, the ``knn`` baseline and the map peers of :mod:`peers` (GPBoost:map and LightGBM:map)
+on the random split and on the spatial-block split drawn ``--draws`` times (split seeds 0, 1,
+...; the block side is the one geodbk chooses for the region unless ``--block-km`` is given),
+and print per region the NLL of every model on every draw, its mean over the draws, and
+dbk-rbf's NLL minus the best map peer's with the bootstrap sd of that difference (whole blocks,
+or tiles, resampled). Then PASS/FAIL lines of the issue "Any region a user picks": on every
+region dbk-rbf's spatial-block NLL, averaged over the draws, is no worse than the best peer's
+average, and its random-split NLL is at least 0.02 below the best peer's.
+
+Choices are made on validation data (``--eval val``); reports use the test split
+(``--eval test``, the default). Model keyword arguments for ablations go through ``--set``
+(``--set coordinate_jitter_m=1000``), as :func:`geodbk.fit.fitting.fit_dataset` takes them.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_regions.py                             # every region, test split
+    .venv/bin/python benchmarks/bench_regions.py --regions kauai,ponce --eval val --models dbk-rbf,knn
+    .venv/bin/python benchmarks/bench_regions.py --eval val --models dbk-rbf --set coordinate_jitter_m=1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+from bench_quality import bootstrap_difference, resampling_units  # benchmarks/, beside this script
+from peers import fit_peer, missing_peers
+
+from geodbk import paths
+from geodbk.dataset.density import read_density_tiles
+from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset, sample_tiles_path
+from geodbk.errors import ExtrapolationWarning
+from geodbk.fit.fitting import fit_dataset
+from geodbk.fit.metrics import nll_per_row
+from geodbk.ingest.regions import Region
+from geodbk.ingest.vectorfiles import read_vector
+from geodbk.workflow import DemoConfig
+
+
+@dataclass(frozen=True)
+class Crop:
+    """A small region: counties (FIPS) of one shipped sample's state."""
+
+    name: str
+    state: str  # USPS code of the shipped sample: "PR" or "HI"
+    counties: tuple[str, ...]  # three-digit county FIPS codes
+
+
+#: Hawaii's islands (its counties; Maui County holds Maui, Molokai and Lanai) and Puerto
+#: Rico's municipio groups: the San Juan metro area, Ponce, Mayaguez and Vieques with Culebra.
+CROPS = {
+    crop.name: crop
+    for crop in (
+        Crop("kauai", "HI", ("007",)),
+        Crop("maui", "HI", ("009",)),
+        Crop("big-island", "HI", ("001",)),
+        Crop("oahu", "HI", ("003",)),
+        # San Juan, Bayamon, Carolina, Guaynabo, Catano, Trujillo Alto, Toa Baja
+        Crop("san-juan", "PR", ("127", "021", "031", "061", "033", "139", "137")),
+        Crop("ponce", "PR", ("113", "075")),  # Ponce, Juana Diaz
+        Crop("mayaguez", "PR", ("097", "067", "011")),  # Mayaguez, Hormigueros, Anasco
+        Crop("vieques-culebra", "PR", ("147", "049")),
+    )
+}
+STATE_FIPS = {"PR": "72", "HI": "15"}
+MODELS = ("dbk-rbf", "knn", "gpboost:map", "lightgbm:map")
+PEER_ROWS = ("gpboost:map", "lightgbm:map")
+
+
+@lru_cache(maxsize=1)
+def counties() -> gpd.GeoDataFrame:
+    """The shipped Census 2018 1:20M county boundaries in EPSG:4326."""
+    return read_vector(paths.COUNTY_BOUNDARIES, "county boundary").to_crs(4326)
+
+
+def crop_region(crop: Crop) -> Region:
+    """The union of the crop's county polygons as a :class:`Region` named after the crop."""
+    table = counties()
+    chosen = table[(table["STATEFP"] == STATE_FIPS[crop.state]) & table["COUNTYFP"].isin(crop.counties)]
+    if len(chosen) != len(crop.counties):
+        raise ValueError(f"{crop.name}: found {len(chosen)} of the counties {crop.counties}")
+    return Region(crop.name, chosen.geometry.union_all())
+
+
+def crop_dataset(crop: Crop) -> tuple[SpatialDataset, pd.DataFrame]:
+    """The crop's mobile download dataset (random split) and its fixed-broadband density tiles."""
+    region = crop_region(crop)
+    dataset = build_dataset(sample_tiles_path(crop.state, "mobile"), region, target="download")
+    density = read_density_tiles(sample_tiles_path(crop.state, "fixed"), region, buffer_deg=dataset.buffer_deg)
+    return dataset, density
+
+
+def score(
+    dataset: SpatialDataset, kind: str, density: pd.DataFrame, on: str, seed: int, settings: dict
+) -> tuple[float, np.ndarray, float]:
+    """Mean NLL of one fit on split ``on``, the per-row NLL (n,) and the fit's seconds."""
+    start = time.perf_counter()
+    if ":" in kind:
+        peer, variant = kind.split(":", 1)
+        model = fit_peer(dataset, peer, variant, seed=seed, density_tiles=density)
+    else:
+        demo = DemoConfig(progress=False, seed=seed)
+        model = fit_dataset(dataset, kind, density_tiles=density, **{**demo.overrides(), **settings})
+    seconds = time.perf_counter() - start
+    rows = dataset.subset(on)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        per_row = nll_per_row(rows["y"].to_numpy(np.float64), model.predict_tiles(rows).measurement())
+    return float(per_row.mean()), per_row, seconds
+
+
+def region_table(
+    crop: Crop, models: list[str], draws: int, on: str, block_km: float | None, settings: dict
+) -> tuple[pd.DataFrame, list[tuple[bool, str]]]:
+    """One region's NLL table (rows: split and draw, then the means; columns: models) and its checks."""
+    base, density = crop_dataset(crop)
+    splits = [("random", 0)] + [("spatial-block", s) for s in range(draws)]
+    nll: dict[tuple[str, int, str], np.ndarray] = {}
+    rows = []
+    for split, draw in splits:
+        dataset = base.with_split(split, seed=draw, block_m=None if block_km is None else 1000.0 * block_km)
+        part = dataset.subset(on)
+        held = f"{len(part):,} {on} rows"
+        if split == "spatial-block":
+            held += f" in {resampling_units(dataset, on).max() + 1} blocks of {dataset.block_m / 1000:g} km"
+        row = {"split": split, "draw": draw, "rows": held}
+        for kind in models:
+            mean, per_row, seconds = score(dataset, kind, density, on, seed=0, settings=settings)
+            nll[(split, draw, kind)] = per_row
+            row[kind] = mean
+            print(f"  {crop.name} {split} draw {draw} {kind:13s} NLL {mean:.4f} ({seconds:.0f} s; {held})",
+                  file=sys.stderr, flush=True)
+        differences = []
+        for peer in (p for p in PEER_ROWS if p in models):
+            if "dbk-rbf" in models:
+                difference = nll[(split, draw, "dbk-rbf")] - nll[(split, draw, peer)]
+                spread = bootstrap_difference(difference, resampling_units(dataset, on))
+                differences.append(f"{peer} {difference.mean():+.3f}+/-{spread:.3f}")
+        row["dbk-rbf minus"] = "; ".join(differences)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    means = table.groupby("split", sort=False)[models].mean()
+    checks = []
+    peers = [p for p in PEER_ROWS if p in models]
+    if "dbk-rbf" in models and peers:
+        for split, margin in (("spatial-block", 0.0), ("random", 0.02)):
+            best = min(peers, key=lambda p: means.loc[split, p])
+            ours, theirs = means.loc[split, "dbk-rbf"], means.loc[split, best]
+            text = f"{crop.name} {split}: dbk-rbf NLL {ours:.4f} <= best peer {best} {theirs:.4f} - {margin:.2f}"
+            checks.append((ours <= theirs - margin, text))
+    mean_rows = means.reset_index().assign(draw="mean", rows="")
+    return pd.concat([table, mean_rows], ignore_index=True), checks
+
+
+def parse_settings(pairs: list[str]) -> dict:
+    """``--set key=value`` pairs as fit_dataset keyword arguments (values read as Python literals)."""
+    settings = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            settings[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            settings[key] = value
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--regions", default=",".join(CROPS), help=f"any of {', '.join(CROPS)}")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--draws", type=int, default=3, help="spatial-block split draws (split seeds 0, 1, ...)")
+    parser.add_argument("--eval", choices=("val", "test"), default="test")
+    parser.add_argument("--block-km", type=float, help="spatial-block square (default: geodbk's choice per region)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a fit_dataset keyword for dbk-rbf (repeatable), e.g. coordinate_jitter_m=1000")
+    args = parser.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    missing = missing_peers(sorted({m.split(":", 1)[0] for m in models if ":" in m}))
+    if missing:
+        print("peers left out (pip install -e .[bench]): " + "; ".join(f"{n} ({w})" for n, w in missing.items()))
+        models = [m for m in models if m.split(":", 1)[0] not in missing]
+    settings = parse_settings(args.set)
+    print(f"NLL of a new measurement on the {args.eval} split; density layer: the shipped fixed tiles; "
+          f"dbk-rbf settings: {settings or 'defaults'}")
+    failed = 0
+    all_checks = []
+    for name in (r.strip() for r in args.regions.split(",") if r.strip()):
+        table, checks = region_table(CROPS[name], models, args.draws, args.eval, args.block_km, settings)
+        print(f"\n## {name}\n")
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        all_checks += checks
+    print()
+    for ok, text in all_checks:
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {text}")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
