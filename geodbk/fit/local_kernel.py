@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from geodbk.ingest.quadkey import SAME_TILE_M
+from geodbk.models.blocks import blocks
 
 #: Bounds of the hyperparameters (:class:`LocalKernel` field order): no variance above 1 (a
 #: factor of 10 in speed at one sd), time scales between a quarter and 20 years. Without them a
@@ -156,8 +157,7 @@ def krige(
     tensors. Differentiable in the kernel's tensor fields and in ``noise``.
     """
     parts = []
-    for start in range(0, len(hoods), KRIGE_BLOCK):
-        rows = slice(start, start + KRIGE_BLOCK)
+    for rows in blocks(len(hoods), KRIGE_BLOCK):
         cross = kernel(torch.as_tensor(hoods.distance[rows]), torch.as_tensor(hoods.lag[rows]))  # (b, m)
         gram = kernel(torch.as_tensor(hoods.pairwise[rows]), torch.as_tensor(hoods.pairwise_lag[rows]))
         solved = torch.linalg.solve(gram + torch.diag_embed(noise[rows]),

@@ -37,6 +37,7 @@ from geodbk.fit.regressor import (
 )
 from geodbk.fit.step import TrainingStep, train_epoch
 from geodbk.models.base import ZooModel
+from geodbk.models.blocks import blocks
 from geodbk.models.config import ModelConfig, TrainConfig
 from geodbk.models.objectives import gaussian_nll
 from geodbk.models.zoo import get_model_spec
@@ -88,9 +89,8 @@ def mean_nll(
     model.eval()
     n = len(y)
     total = torch.zeros((), dtype=torch.float64, device=y.device)
-    rows = range(n) if data_parallel is None else range(n)[data_parallel.shard(n)]
-    for start in range(rows.start, rows.stop, batch_size):
-        batch = slice(start, min(start + batch_size, rows.stop))
+    rows = slice(0, n) if data_parallel is None else data_parallel.shard(n)
+    for batch in blocks(rows.stop, batch_size, start=rows.start):
         out = model(X[batch], None if tests is None else tests[batch])
         total += gaussian_nll(y[batch], out.mean, out.predictive_var).sum()
     if data_parallel is not None:

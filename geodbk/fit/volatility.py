@@ -43,6 +43,7 @@ from scipy.spatial import cKDTree
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.metrics import nll
 from geodbk.ingest.quadkey import SAME_TILE_M, tile_centres
+from geodbk.models.blocks import blocks
 from geodbk.prediction import Prediction
 
 #: Training tiles each place pools (nearest first).
@@ -122,10 +123,9 @@ class LocalVolatility:
         if last is not None and last[0] == key:
             return last[1].copy()
         out = np.empty(len(lonlat))
-        for start in range(0, len(lonlat), _BLOCK):
-            xy = self.projection.to_metres(tile_centres(lonlat[start:start + _BLOCK]))
-            out[start:start + _BLOCK] = self._factor(*self._pool(xy), self.prior_rows, self.neighbour_weight,
-                                                     self.range_m)
+        for rows in blocks(len(lonlat), _BLOCK):
+            xy = self.projection.to_metres(tile_centres(lonlat[rows]))
+            out[rows] = self._factor(*self._pool(xy), self.prior_rows, self.neighbour_weight, self.range_m)
         self._last = (key, out)
         return out.copy()
 

@@ -27,6 +27,7 @@ import torch
 from scipy.spatial import cKDTree
 
 from geodbk.models.base import GPOutput, ZooModel
+from geodbk.models.blocks import blocks
 from geodbk.models.config import ModelConfig
 from geodbk.models.objectives import gaussian_nll
 from geodbk.models.zoo import ModelSpec, register_model
@@ -125,10 +126,7 @@ class NearestTilesModel(ZooModel):
         if self._tree is None:
             self._tree = cKDTree(self.spatial.detach().cpu().double().numpy())
         points = x[:, :2].detach().cpu().double().numpy()
-        chunks = [
-            self._tree.query(points[start : start + QUERY_CHUNK], k=k, workers=-1)[1]
-            for start in range(0, len(points), QUERY_CHUNK)
-        ]
+        chunks = [self._tree.query(points[block], k=k, workers=-1)[1] for block in blocks(len(points), QUERY_CHUNK)]
         index = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
         rows = torch.from_numpy(index.astype(np.int64).reshape(-1, k))
         return self.residual[rows.to(self.residual.device)]
