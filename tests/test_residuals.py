@@ -866,3 +866,62 @@ def test_a_tiny_validation_set_without_areas_still_fits(synthetic, n_val):
     mean, var = field.condition(lonlat, years)
     assert np.isfinite(mean).all() and (var >= 0).all()
     assert square_areas(np.zeros((0, 2)), np.zeros(0))[0].shape == (0,)
+
+
+# ----------------------------------------------------------------------------- stored numbers
+
+
+def stored_fit_inputs():
+    """900 rows on 300 tiles near San Juan over 4 quarters (600 train, 300 val) and the 2 km and
+    5 km squares of the validation rows."""
+    rng = np.random.default_rng(5)
+    lon, lat = SAN_JUAN[0] + rng.uniform(-0.06, 0.06, 3000), SAN_JUAN[1] + rng.uniform(-0.06, 0.06, 3000)
+    keys = pd.unique(lonlat_to_quadkey(lon, lat))[:300]
+    tile = rng.integers(0, len(keys), 900)
+    lonlat = quadkey_centres(keys[tile])
+    years = 2022.625 + 0.25 * rng.integers(0, 4, 900)
+    residual = rng.normal(0, 0.25, len(keys))[tile] + 0.1 * np.sin(300 * lonlat[:, 0]) + rng.normal(0, 0.2, 900)
+    gp_var, test_var = rng.uniform(0.02, 0.08, 900), rng.uniform(0.0, 0.05, 900)
+    rows, groups = square_areas(lonlat[600:], years[600:])
+    areas = AreaGroups(rows, groups, np.bincount(groups, weights=gp_var[600:][rows]) / np.bincount(groups) ** 2)
+    train = (lonlat[:600], years[:600], residual[:600], gp_var[:600])
+    val = (lonlat[600:], years[600:], residual[600:], gp_var[600:])
+    return train, val, test_var, areas
+
+
+def test_a_small_fit_gives_its_stored_numbers():
+    """A fit with areas, a forecast rate and a volatility, and every product of the fitted field,
+    against numbers stored from the code before issue 36 split residuals.py (the split left them
+    bit-identical). 1e-10, not 0: another BLAS may round the optimiser's path differently."""
+    train, val, test_var, areas = stored_fit_inputs()
+    field = ResidualField.fit(*train, *val, train_test_var=test_var[:600], val_test_var=test_var[600:],
+                              val_areas=areas)
+    assert areas.n_areas == 77
+    q = np.array([[-66.06, 18.45], [-66.03, 18.47], [-66.1, 18.42], [-66.3, 18.3]])
+    qt = np.array([2022.875, 2023.375, 2023.625, 2024.125])
+    assert field.volatility is not None
+    got = {
+        "kernel": np.exp(field.kernel.to_vector()),
+        "horizon_rate": field.horizon_rate,
+        "volatility": (field.volatility.prior_rows, field.volatility.neighbour_weight, field.volatility.range_m),
+        "condition": field.condition(q, qt),
+        "leave_one_out": tuple(a[[0, 100, 599]] for a in field.leave_one_out()),
+        "change": field.change_variance(q, qt, qt + 0.5),
+        "area": field.area_condition(q, qt, np.array([0.5, 0.5, 1.0, 1.0]), np.array([0, 0, 1, 2]), 3)[2],
+        "factor": field.variance_factor(q, qt + 0.5),
+    }
+    stored = {
+        "kernel": [2.6846516135746101e-01, 9.9999999999999974e-06, 2.5778619132815019e-02, 3.4341968555050468e+00,
+                   5.3508180839147157e-02, 3.8157609163447336e+02, 4.0658215398809139e-01],
+        "horizon_rate": 0.10441721203013388,
+        "volatility": (16.0, 1.0, 500.0),
+        "condition": ([-8.6034966192633372e-02, 5.5287004871958506e-02, 6.0834947465030070e-02, 4.1110068343935281e-27],
+                      [0.013966683834781835, 0.07741838424846528, 0.018329425246426508, 0.07929679997196218]),
+        "leave_one_out": ([0.07401226620997577, -0.12925944511829343, -0.20617020688592408],
+                          [0.020977482835318174, 0.093385066639119, 0.03927634261613552]),
+        "change": [0.014440569061102276, 0.021473586843913456, 0.020366479274481104, 0.021485417095557846],
+        "area": [0.022846267020811776, 0.018329425246426494, 0.07929679997196216],
+        "factor": [0.8020436065616473, 1.3030832691976726, 1.179652755706251, 1.1305215150376673],
+    }
+    for name, values in stored.items():
+        np.testing.assert_allclose(got[name], values, rtol=1e-10, atol=1e-15, err_msg=name)
