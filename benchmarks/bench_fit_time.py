@@ -46,7 +46,7 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 #: The residual field's parts after its kernel search, inside its stage (the search is the rest).
 FIELD_PARTS: dict[str, tuple[str, str]] = {
-    "  forecast rate": ("geodbk/fit/residuals.py", "_pseudo_forecast_rate"),
+    "  forecast rate": ("geodbk/fit/residual_choice.py", "pseudo_forecast_rate"),
     "  leave-one-out": ("geodbk/fit/residuals.py", "leave_one_out"),
     "  volatility": ("geodbk/fit/volatility.py", "fit"),
 }

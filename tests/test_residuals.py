@@ -16,6 +16,7 @@ import torch
 
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.kernel_search import AreaTerm, KernelCriterion
+from geodbk.fit.residual_choice import ValidationRows, pseudo_forecast_rate
 from geodbk.fit.residuals import NEIGHBOUR_METRES_PER_YEAR, LocalKernel, ResidualField
 from geodbk.fit.validation_areas import AreaGroups, square_areas
 from geodbk.fit.volatility import LocalVolatility
@@ -539,9 +540,9 @@ def dense_conditional_covariance(kernel, projection, train, noise_var, query) ->
 def test_area_condition_with_all_rows_is_the_exact_conditional_variance(small, monkeypatch):
     """Neighbourhoods holding every training row and no distance cutoff: the area variance is
     w^T C w of the exact conditional covariance C (to 1e-12)."""
-    from geodbk.fit import residuals
+    from geodbk.fit import area_variance
 
-    monkeypatch.setattr(residuals, "AREA_CUTOFF_RANGES", 100.0)
+    monkeypatch.setattr(area_variance, "AREA_CUTOFF_RANGES", 100.0)
     keys, years, residual, noise_var, q_keys, q_years = small
     field = make_field(KERNEL, keys, years, residual, noise_var, neighbours=len(keys))
     queries = np.concatenate([q_keys[:8], keys[:4]])  # training tiles, unseen tiles, near and far
@@ -578,11 +579,11 @@ def test_area_criterion_is_the_nll_of_area_condition(small, monkeypatch):
     """The fit's area term, with its pair geometry set up once, equals the Gaussian NLL of the
     areas' mean residuals under the variance :meth:`area_condition` and the one combination
     rule give, for two different kernels (it must follow the kernel being tried)."""
-    from geodbk.fit import residuals
+    from geodbk.fit import area_variance
     from geodbk.fit.metrics import nll as metric_nll
     from geodbk.prediction import Prediction
 
-    monkeypatch.setattr(residuals, "AREA_CUTOFF_RANGES", 100.0)
+    monkeypatch.setattr(area_variance, "AREA_CUTOFF_RANGES", 100.0)
     keys, years, residual, noise_var, q_keys, _ = small
     rng = np.random.default_rng(11)
     test_var = rng.uniform(0.01, 0.05, size=30)
@@ -685,10 +686,11 @@ def test_pseudo_forecast_recovers_a_known_relative_excess_variance():
     test_var = rng.uniform(0.01, 0.3, size=3000)
     total = KERNEL.combine(gp_var, np.full(3000, KERNEL.prior_var), test_var)
     residual = rng.normal(0.0, np.sqrt(1.5 * total))
-    rate = field._pseudo_forecast_rate(val_lonlat, np.full(3000, 2023.625), residual, gp_var, test_var)
-    assert rate * 0.25 == pytest.approx(0.5, abs=0.08)
+    last = ValidationRows.of(val_lonlat, np.full(3000, 2023.625), residual, gp_var, test_var)
+    assert pseudo_forecast_rate(field, last) * 0.25 == pytest.approx(0.5, abs=0.08)
     # no last-quarter validation rows, or one training quarter: no rate
-    assert field._pseudo_forecast_rate(val_lonlat, np.full(3000, 2023.375), residual, gp_var, test_var) == 0.0
+    earlier = ValidationRows.of(val_lonlat, np.full(3000, 2023.375), residual, gp_var, test_var)
+    assert pseudo_forecast_rate(field, earlier) == 0.0
 
 
 @pytest.mark.filterwarnings("ignore::geodbk.errors.ExtrapolationWarning")  # quarters after the fitted ones, by design

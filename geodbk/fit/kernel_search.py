@@ -2,10 +2,10 @@
 
 The criterion (:class:`KernelCriterion`) is the Gaussian NLL of validation rows' residuals
 under the field conditioned on the training rows, plus that of validation areas' mean
-residuals under their joint variance (:class:`AreaTerm`; :meth:`ResidualField.area_condition
-<geodbk.fit.residuals.ResidualField.area_condition>` gives the same variance for a map). It is
-written in torch, so autograd gives its exact gradient, and every neighbourhood of the tiles and
-of the areas is solved in one batch per evaluation (:func:`~geodbk.fit.local_kernel.krige`).
+residuals under their joint variance (:class:`AreaTerm`; :mod:`geodbk.fit.area_variance` gives
+the same variance for a map). It is written in torch, so autograd gives its exact gradient, and
+every neighbourhood of the tiles and of the areas is solved in one batch per evaluation
+(:func:`~geodbk.fit.local_kernel.krige`).
 :func:`search_kernel` minimises it by bounded L-BFGS-B in log space. Before, scipy estimated
 the gradient by finite differences, 7 more evaluations per step: 259 of PR's criterion calls
 and 55 of the fit's 190 s.
@@ -57,8 +57,8 @@ class AreaTerm:
     """Validation areas' mean residuals and the geometry of their joint conditional variance.
 
     The variance of an area's kriged mean is ``s gp_var + local + s_t sum_i w_i^2 test_var_i``
-    with, as :meth:`~geodbk.fit.residuals.ResidualField.area_condition` has it (without its
-    distance cutoff), w_i = 1 / size and
+    with, as :mod:`geodbk.fit.area_variance` has it (without its distance cutoff), w_i = 1 / size
+    and
 
         local = sum_ij w_i w_j c_ij = w^T K w - sum_i w_i z_i^T F(N_i),   F(y) = sum_j w_j k(y, x_j),
 

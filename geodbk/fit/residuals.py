@@ -26,20 +26,14 @@ the kriged residual to the mean and its conditional variance to the predictive v
     var  = s var_GP + k(x, x) - k_m^T (K_mm + D_m)^{-1} k_m   (+ s_t sigma1^2 / tests for a measurement)
 
 Queries are snapped to the centre of their zoom-16 tile, so a map cell takes its tile's
-value. The seven hyperparameters are chosen by the Gaussian NLL on validation rows plus that
-of validation areas' mean residuals (2 and 5 km squares of one quarter,
-:func:`~geodbk.fit.validation_areas.square_areas`), by bounded L-BFGS-B in log space with
-the criterion's exact gradient (:mod:`geodbk.fit.kernel_search`), in the spirit of the
-``knn`` baseline's k. The tiles fix each row's variance; the areas fix how much of it
-neighbouring tiles share.
-Places far from any training tile get no correction and a larger variance.
+value. Places far from any training tile get no correction and a larger variance.
 
-The kernel and the batched kriging solve live in :mod:`geodbk.fit.local_kernel`, and the
-hyperparameter criterion, with its exact gradient, in :mod:`geodbk.fit.kernel_search`.
-
-Size: about 470 lines, down from 600 with the kernel, the solve and the criterion moved out;
-conditioning, change and area variances, leave-one-out and the forecast rate all read the one
-neighbour search of :class:`ResidualField`. Splitting the class by product is issue 36's work.
+This module is the predictor: :class:`ResidualField` conditions on its rows at points, leaves
+each training row out, and gives change variances, given its kernel. Beside it: the
+kernel and the batched kriging solve (:mod:`geodbk.fit.local_kernel`); the choice of the
+hyperparameters on validation rows (:mod:`geodbk.fit.residual_choice`, with the kernel's
+criterion in :mod:`geodbk.fit.kernel_search`); the variance of an area's mean
+(:mod:`geodbk.fit.area_variance`).
 """
 
 from __future__ import annotations
@@ -49,31 +43,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.optimize import minimize_scalar
 from scipy.spatial import cKDTree
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.fit.kernel_search import AreaTerm, KernelCriterion, TileTerm, search_kernel
+from geodbk.fit.area_variance import grouped_local_variance
 from geodbk.fit.local_kernel import LocalKernel, Neighbourhoods, krige, planar_distance
-from geodbk.fit.metrics import nll
+from geodbk.fit.residual_choice import ValidationRows, choose_kernel, choose_volatility, pseudo_forecast_rate
 from geodbk.fit.validation_areas import AreaGroups
-from geodbk.fit.volatility import FIT_ROWS as VOLATILITY_FIT_ROWS
 from geodbk.fit.volatility import LocalVolatility
 from geodbk.ingest.quadkey import tile_centres
-from geodbk.prediction import Prediction
+from geodbk.models.blocks import blocks
 
 #: Training rows each prediction is conditioned on.
 NEIGHBOURS = 16
-#: Validation rows used to choose the hyperparameters (:mod:`geodbk.fit.kernel_search`).
-FIT_ROWS = 3000
-#: Validation rows of the last training quarter needed to estimate the forecast variance.
-MIN_FORECAST_ROWS = 30
 #: Rows per batched solve (bounds the (rows, m, m) temporaries to about 30 MB).
 _CHUNK = 16384
-#: Pairs of points farther apart than this many ranges are left out of area variances.
-AREA_CUTOFF_RANGES = 4.0
-#: Query points per block of an area variance's pair sums (bounds their memory).
-_QUERY_BLOCK = 2048
 #: How many metres one year apart counts as when neighbours are chosen (space-time nearest
 #: rows). Validation and test NLL of dbk-rbf, one fit each, against choosing by distance alone
 #: (ties broken arbitrarily): HI random -0.014 / -0.009, PR random -0.010 / -0.009, PR
@@ -82,6 +66,8 @@ _QUERY_BLOCK = 2048
 #: On the random splits' validation rows, 500 m was 0.002 better on PR and 0.001 worse on HI;
 #: 100 and 1,000 m were worse on both, 2,000 m on HI.
 NEIGHBOUR_METRES_PER_YEAR = 250.0
+
+
 @dataclass
 class ResidualField:
     """The training residuals of a GP and the local kernel that spreads them.
@@ -95,7 +81,8 @@ class ResidualField:
         noise_var: (n,) the GP's tile-mean variance at the training rows, (log10 units)^2.
         neighbours: m, training rows per prediction.
         horizon_rate: relative growth per year of a forecast's predictive variance after the last
-            training time (see :meth:`horizon_factor` and :meth:`fit`).
+            training time (see :meth:`horizon_factor` and
+            :func:`~geodbk.fit.residual_choice.pseudo_forecast_rate`).
         test_var: (n,) the GP's test-count noise sigma1^2 / tests at the training rows (their
             measurement variance is ``noise_var + test_var``); zeros for fields saved before it
             existed, whose ``noise_var`` is the whole measurement variance.
@@ -143,8 +130,7 @@ class ResidualField:
         ``lonlat`` (n, 2) degrees and ``years`` (n,) (or one time for all)."""
         years = np.broadcast_to(np.asarray(years, dtype=np.float64), (len(lonlat),))
         mean, var = np.empty(len(lonlat)), np.empty(len(lonlat))
-        for start in range(0, len(lonlat), _CHUNK):
-            rows = slice(start, start + _CHUNK)
+        for rows in blocks(len(lonlat), _CHUNK):
             mean[rows], var[rows], _ = self._solve(self.neighbourhoods(lonlat[rows], years[rows]), self.kernel)
         return mean, var
 
@@ -165,6 +151,16 @@ class ResidualField:
             joined(self.residual, residual), joined(self.noise_var, noise_var),
             NEIGHBOURS if self.neighbours == len(self.residual) else self.neighbours,
             self.horizon_rate, joined(self.test_var, test_var), self.metres_per_year, self.volatility,
+        )
+
+    def on_rows(self, keep: np.ndarray) -> ResidualField:
+        """A new field conditioned on the training rows ``keep`` only (a boolean mask (n,) or row
+        numbers), with the same kernel, neighbours, forecast rate and volatility."""
+        assert self.test_var is not None  # set by __post_init__
+        return ResidualField(
+            self.kernel, self.projection, self.xy_m[keep], self.years[keep], self.residual[keep],
+            self.noise_var[keep], self.neighbours, self.horizon_rate, self.test_var[keep], self.metres_per_year,
+            self.volatility,
         )
 
     def horizon_factor(self, years: np.ndarray | float) -> np.ndarray:
@@ -191,8 +187,8 @@ class ResidualField:
         n = len(self.residual)
         k = min(self.neighbours + 1, n)
         error, var = np.empty(n), np.empty(n)
-        for start in range(0, n, _CHUNK):
-            rows = np.arange(start, min(start + _CHUNK, n))
+        for block in blocks(n, _CHUNK):
+            rows = np.arange(block.start, block.stop)
             distance, found = self._nearest(self.xy_m[rows], self.years[rows], k)
             own = found == rows[:, None]  # the row itself, unless a tie pushed it out: then drop the last
             keep = np.where(own.any(1)[:, None], ~own, np.arange(k)[None, :] < k - 1)
@@ -250,8 +246,7 @@ class ResidualField:
         years_to = np.broadcast_to(np.asarray(years_to, dtype=np.float64), (n,))
         kernel = self.kernel
         var = np.empty(n)
-        for start in range(0, n, _CHUNK):
-            rows = slice(start, start + _CHUNK)
+        for rows in blocks(n, _CHUNK):
             hoods_a = self.neighbourhoods(lonlat[rows], years_from[rows])
             hoods_b = self.neighbourhoods(lonlat[rows], years_to[rows])
             _, var_a, z_a = self._solve(hoods_a, kernel)
@@ -275,59 +270,24 @@ class ResidualField:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Kriged residuals (n,) and their conditional variances (n,) at ``lonlat`` (n, 2) degrees
         and ``years`` (n,) (as :meth:`condition` gives them), and the conditional variance of
-        sum_{i in g} w_i r_i for each group g, (n_groups,).
-
-        Each point is conditioned on its own m neighbours, as in :meth:`condition`. The
-        conditional covariance of two points i, j is taken from i's neighbourhood,
-        ``c_ij = k(x_i, x_j) - z_i^T k(N_i, x_j)`` with z_i = A_i^{-1} k(N_i, x_i) the kriging
-        weights, averaged with j's: exact when both neighbourhoods hold every training row, the
-        same tile's points fully correlated, and the variance of each point its own conditional
-        variance v_i. Summed over a group's pairs this is
-
-            sum_ij w_i w_j c_ij = w^T K w - sum_i w_i z_i^T F(N_i),   F(y) = sum_j w_j k(y, x_j),
-
-        one kernel value per pair of points and per (training neighbour, point) pair, where the
-        pairwise form took 2m + 1 per pair of points (16 times the time; all US counties at 1 km
-        did not finish in an hour). Pairs farther apart than :data:`AREA_CUTOFF_RANGES` ranges are
-        left out. ``weights`` (n,), ``groups`` (n,) integers in [0, n_groups).
+        sum_{i in g} w_i r_i for each group g, (n_groups,), in (log10 units)^2
+        (:func:`~geodbk.fit.area_variance.grouped_local_variance`). ``weights`` (n,), ``groups``
+        (n,) integers in [0, n_groups). Each point is conditioned on its own m neighbours, as in
+        :meth:`condition`.
         """
         lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
         years = np.broadcast_to(np.asarray(years, dtype=np.float64), (len(lonlat),))
         shift, var = np.empty(len(lonlat)), np.empty(len(lonlat))
         index, kriging = np.empty((len(lonlat), self.neighbours), np.int64), np.empty((len(lonlat), self.neighbours))
-        for start in range(0, len(lonlat), _CHUNK):
-            rows = slice(start, start + _CHUNK)
+        for rows in blocks(len(lonlat), _CHUNK):
             hoods = self.neighbourhoods(lonlat[rows], years[rows])
             shift[rows], var[rows], kriging[rows] = self._solve(hoods, self.kernel)
             index[rows] = hoods.index
-        xy = self.projection.to_metres(tile_centres(lonlat))
-        w, groups = np.asarray(weights, np.float64), np.asarray(groups, dtype=np.int64)
-        out = np.zeros(n_groups)
-        cutoff = AREA_CUTOFF_RANGES * self.kernel.range_m
-        for g in np.unique(groups):
-            members = np.flatnonzero(groups == g)
-            group = (cKDTree(xy[members]), years[members], w[members], cutoff)
-            training = np.unique(index[members])
-            at_training = self._weighted_field(*group, self.xy_m[training], self.years[training])
-            explained = (kriging[members] * at_training[np.searchsorted(training, index[members])]).sum(-1)
-            prior = self._weighted_field(*group, xy[members], years[members])  # w^T K w = sum_i w_i F(x_i)
-            out[g] = float((w[members] * (prior - explained)).sum())
-        return shift, var, np.maximum(out, 0.0)
-
-    def _weighted_field(
-        self, tree: cKDTree, years: np.ndarray, w: np.ndarray, cutoff: float, at: np.ndarray, at_years: np.ndarray
-    ) -> np.ndarray:
-        """F(y) = sum_j w_j k(y, x_j) over a group's points (``tree`` over their tile centres in
-        metres, ``years`` (n,), weights ``w`` (n,)) within ``cutoff`` metres of each query ``at``
-        (q, 2) metres at ``at_years`` (q,): (q,). Queries go in blocks, so memory stays bounded."""
-        field = np.zeros(len(at))
-        for start in range(0, len(at), _QUERY_BLOCK):
-            rows = slice(start, start + _QUERY_BLOCK)
-            pairs = cKDTree(at[rows]).sparse_distance_matrix(tree, cutoff, output_type="ndarray")
-            q, j = pairs["i"], pairs["j"]
-            values = w[j] * self.kernel(pairs["v"], years[j] - at_years[rows][q])
-            field[rows] = np.bincount(q, weights=values, minlength=len(at_years[rows]))
-        return field
+        local = grouped_local_variance(
+            self.kernel, self.projection.to_metres(tile_centres(lonlat)), years, weights, groups, n_groups,
+            neighbours=index, kriging=kriging, train_xy=self.xy_m, train_years=self.years,
+        )
+        return shift, var, local
 
     @classmethod
     def fit(
@@ -347,28 +307,23 @@ class ResidualField:
         neighbours: int = NEIGHBOURS,
         seed: int = 0,
     ) -> ResidualField:
-        """Choose the kernel by the validation NLL of ``mu_GP + kriged residual`` under
-        ``N(., s var_GP + s_t test_var + conditional var)``, plus, with ``val_areas``, the NLL of
-        those areas' mean residuals under their joint variance (as
-        :meth:`area_condition` gives it); then the forecast variance rate
-        (:meth:`_pseudo_forecast_rate`) on all validation rows of the last training quarter;
-        then the local volatility (:meth:`LocalVolatility.fit
-        <geodbk.fit.volatility.LocalVolatility.fit>`) from the training rows'
-        :meth:`leave_one_out` errors, on up to :data:`~geodbk.fit.volatility.FIT_ROWS` validation rows.
-
-        Tiles alone cannot tell how much of the local variance neighbouring tiles share: with
-        the 3 km coordinate jitter, the tile NLL chose a local part twice as large and twice as
-        long-ranged, and PR's area sds came out too wide (test 2 km squares z sd 0.80).
+        """A field conditioned on the training rows, its hyperparameters chosen on the validation
+        rows (:mod:`geodbk.fit.residual_choice`): the kernel by the validation NLL of tiles and,
+        with ``val_areas``, of areas (:func:`~geodbk.fit.residual_choice.choose_kernel`); then the
+        forecast variance rate (:func:`~geodbk.fit.residual_choice.pseudo_forecast_rate`); then
+        the local volatility (:func:`~geodbk.fit.residual_choice.choose_volatility`).
 
         Args:
             train_*: the training rows' tile centres (n, 2) degrees, decimal years (n,), residuals
                 y - mu_GP (n,) and the GP's tile-mean variances (n,), log10 units.
-            val_*: the same for validation rows (at most :data:`FIT_ROWS` are used for the tile
-                NLL).
+            val_*: the same for validation rows (at most
+                :data:`~geodbk.fit.residual_choice.FIT_ROWS` are used for the tile NLL).
             train_test_var, val_test_var: the GP's test-count noise sigma1^2 / tests of those
                 rows (default zeros: ``*_var`` is then the whole measurement variance).
             val_areas: areas of validation rows
                 (:func:`~geodbk.fit.validation_areas.square_areas`) and their GP variance.
+            neighbours: m, training rows per prediction.
+            seed: of the random subsets of validation rows.
         """
         projection = ProjectedTransform.from_lonlat(train_lonlat)
         field = cls(
@@ -376,65 +331,11 @@ class ResidualField:
             np.asarray(train_residual, np.float64), np.asarray(train_var, np.float64), neighbours,
             test_var=None if train_test_var is None else np.asarray(train_test_var, np.float64),
         )
-        val_test_var = np.zeros(len(val_residual)) if val_test_var is None else np.asarray(val_test_var, np.float64)
-        pick = np.random.default_rng(seed).permutation(len(val_residual))[:FIT_ROWS]
-        lonlat, years = np.asarray(val_lonlat)[pick], np.asarray(val_years, np.float64)[pick]
-        residual, var, test_var = np.asarray(val_residual)[pick], np.asarray(val_var)[pick], val_test_var[pick]
-        tiles = TileTerm(field.neighbourhoods(lonlat, years), torch.as_tensor(residual, dtype=torch.float64),
-                         torch.as_tensor(var, dtype=torch.float64), torch.as_tensor(test_var, dtype=torch.float64))
-        areas = None if val_areas is None or val_areas.n_areas == 0 else AreaTerm.build(
-            field, val_areas, np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64),
-            np.asarray(val_residual, np.float64), val_test_var,
-        )
-        field.kernel = search_kernel(KernelCriterion(field, tiles, areas))
-        field.horizon_rate = field._pseudo_forecast_rate(
-            np.asarray(val_lonlat, np.float64), np.asarray(val_years, np.float64),
-            np.asarray(val_residual, np.float64), np.asarray(val_var, np.float64), val_test_var,
-        )
-        error, error_var = field.leave_one_out()
-        pick = np.random.default_rng(seed).permutation(len(val_residual))[:VOLATILITY_FIT_ROWS]
-        lonlat, years = np.asarray(val_lonlat, np.float64)[pick], np.asarray(val_years, np.float64)[pick]
-        kriged, conditional = field.condition(lonlat, years)
-        field.volatility = LocalVolatility.fit(
-            projection, field.xy_m, error**2 / error_var, lonlat, np.asarray(val_residual, np.float64)[pick] - kriged,
-            field.kernel.combine(np.asarray(val_var, np.float64)[pick], conditional, val_test_var[pick]),
-        )
+        val = ValidationRows.of(val_lonlat, val_years, val_residual, val_var, val_test_var)
+        field.kernel = choose_kernel(field, val, val_areas, seed)
+        field.horizon_rate = pseudo_forecast_rate(field, val)
+        field.volatility = choose_volatility(field, val, seed)
         return field
-
-    def _pseudo_forecast_rate(
-        self, lonlat: np.ndarray, years: np.ndarray, residual: np.ndarray, gp_var: np.ndarray, test_var: np.ndarray
-    ) -> float:
-        """:attr:`horizon_rate`, from a forecast of the last training quarter's validation rows by
-        the field conditioned on the earlier quarters only.
-
-        The relative excess kappa >= 0 of those rows' variance over the field's own prediction
-        (``N(r - kriged; 0, (1 + kappa)(s gp_var + s_t test_var + conditional var))``, maximum likelihood) is what
-        a quarter ahead adds beyond the local kernel's time decay (a level change the GP's trend
-        does not foresee); divided by the gap between the last two training quarters it is the
-        rate per year. A relative excess, not an additive one: on HI's forecast split
-        (validation-chosen, scored on the test quarter) it widens rural tiles, whose variance is
-        larger, more than urban ones, and 95% coverage is 95.7% urban / 94.3% rural (additive:
-        94.7% / 92.8%, no widening: 92.4% / 90.8%). Zero with one training quarter or fewer than
-        :data:`MIN_FORECAST_ROWS` such rows.
-        """
-        times = np.unique(self.years)
-        last_rows = np.abs(years - times[-1]) < 1e-6
-        if len(times) < 2 or last_rows.sum() < MIN_FORECAST_ROWS:
-            return 0.0
-        earlier = self.years < times[-1] - 1e-6
-        assert self.test_var is not None  # set by __post_init__
-        past = ResidualField(self.kernel, self.projection, self.xy_m[earlier], self.years[earlier],
-                             self.residual[earlier], self.noise_var[earlier], self.neighbours,
-                             test_var=self.test_var[earlier], metres_per_year=self.metres_per_year)
-        kriged, conditional = past.condition(lonlat[last_rows], years[last_rows])
-        error = residual[last_rows] - kriged
-        total = self.kernel.combine(gp_var[last_rows], conditional, test_var[last_rows])
-
-        def criterion(kappa: float) -> float:
-            return nll(error, Prediction(np.zeros_like(error), np.sqrt((1.0 + kappa) * total)))
-
-        kappa = minimize_scalar(criterion, bounds=(0.0, 10.0), method="bounded").x
-        return float(kappa) / float(times[-1] - times[-2])
 
     def to_payload(self) -> dict[str, Any]:
         """Torch-saveable dict (tensors and plain values)."""
