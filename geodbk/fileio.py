@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -133,6 +134,11 @@ def _inside(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
+def _printable(path: str | Path) -> str:
+    """``path`` as text that prints: bytes that are not UTF-8 as ``\\xNN`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def _check_parent(path: Path, shown: str) -> None:
     """The nearest existing ancestor of ``path`` must be a writable folder."""
     ancestor = path.parent
@@ -186,6 +192,23 @@ def check_output(
     if output_kind(path) != kind and any(path.iterdir()):
         raise OutputExistsError(f"{shown} exists and is not a {what} written by geodbk; "
                                 "pass --overwrite to replace it as a whole")
+
+
+def check_distinct(outputs: Mapping[str, str | Path | None]) -> None:
+    """Raise :class:`geodbk.errors.OutputExistsError` if two outputs of one command, ``{name: path}``
+    (None for one not asked for), are one path or one lies inside the other: the later write
+    would replace the earlier."""
+    given = [(name, Path(path)) for name, path in outputs.items() if path]
+    for (name, path), (other, other_path) in itertools.combinations(given, 2):
+        if path.resolve() == other_path.resolve():
+            where = f"{name} and {other} both name {_printable(path)}"
+        elif _inside(path, other_path):
+            where = f"{name} {_printable(path)} lies inside {other} {_printable(other_path)}"
+        elif _inside(other_path, path):
+            where = f"{other} {_printable(other_path)} lies inside {name} {_printable(path)}"
+        else:
+            continue
+        raise OutputExistsError(f"{where}, and one write would replace the other; give each output its own path")
 
 
 def _remove(path: Path) -> None:
@@ -488,6 +511,7 @@ __all__ = [
     "StagedPath",
     "atomic_dir",
     "atomic_path",
+    "check_distinct",
     "check_output",
     "disk_full",
     "folder_lock",

@@ -217,14 +217,17 @@ def _run_export(args: argparse.Namespace) -> int:
 
 def _check_export_outputs(args: argparse.Namespace) -> None:
     """Every output of ``geodbk export``, before any is written: none is an input or holds one,
-    and each replaces only its own kind of thing (:func:`geodbk.fileio.check_output`)."""
-    from geodbk.fileio import ZARR_STORE, check_output
+    each replaces only its own kind of thing (:func:`geodbk.fileio.check_output`), and no two
+    are at one path (:func:`geodbk.fileio.check_distinct`)."""
+    from geodbk.fileio import ZARR_STORE, check_distinct, check_output
 
     inputs = [path for path in (args.grid, args.model, args.dataset) if path]
-    for flag, path, kind in (("--geotiff", args.geotiff, None), ("--netcdf", args.netcdf, None),
-                             ("--zarr", args.zarr, ZARR_STORE), ("--test-tiles", args.test_tiles, None)):
+    outputs = (("--geotiff", args.geotiff, None), ("--netcdf", args.netcdf, None), ("--zarr", args.zarr, ZARR_STORE),
+               ("--test-tiles", args.test_tiles, None))
+    for flag, path, kind in outputs:
         if path:
             check_output(path, kind=kind, inputs=inputs, name=flag)
+    check_distinct({flag: path for flag, path, _ in outputs})
 
 
 def _add_summarize(sub: argparse._SubParsersAction) -> None:
