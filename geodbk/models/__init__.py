@@ -1,11 +1,12 @@
 """Deep basis maps, the low-rank GP on them, training objectives and the model zoo.
 
 Every zoo model is a :class:`ZooModel`; those with a Gaussian-process prior (a kernel and a
-joint posterior) are :class:`KernelModel` (see :mod:`geodbk.models.base`).
+joint posterior) are :class:`KernelModel`, and those trained with a KL term are
+:class:`VariationalModel` (see :mod:`geodbk.models.base`).
 """
 
 from geodbk.models.backbone import IdentityBackbone, ResidualBlock, ResNetBackbone
-from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors, ZooModel
+from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors, VariationalModel, ZooModel
 from geodbk.models.basis_gp import BasisGP, BasisMap, PointNetwork
 from geodbk.models.config import PRESETS, ModelConfig, RunPreset, TrainConfig, run_preset
 from geodbk.models.expansions import RBFInducingExpansion, SiLUExpansion, jittered_cholesky
@@ -28,7 +29,7 @@ __all__ = [
     "MeanSquaredError", "ModelConfig", "ModelSpec", "Noise", "Objective", "PPGP", "PRESETS", "PointNetwork",
     "PosteriorFactors",
     "RBFInducingExpansion", "ResNetBackbone", "ResidualBlock", "RunPreset", "SVGPELBO", "SiLUExpansion", "TrainConfig",
-    "VBLLELBO", "ZooModel", "available_models", "exact_posterior", "gaussian_nll", "get_model_spec",
+    "VBLLELBO", "VariationalModel", "ZooModel", "available_models", "exact_posterior", "gaussian_nll", "get_model_spec",
     "jittered_cholesky", "register_model", "run_preset", "unregister_model", "woodbury_log_marginal",
 ]
 

@@ -10,6 +10,10 @@ comes from a Gaussian-process prior is a :class:`KernelModel` and adds, in the s
   :meth:`PosteriorFactors.grouped_variance` give exact variances of linear functionals of f;
 * ``noise``: the observation noise, a :class:`Noise`.
 
+A kernel model trained by a variational objective (an ELBO, dPPGP, PPGP) is a
+:class:`VariationalModel` and adds ``kl_divergence()``, KL(q || p) of its approximate posterior
+from its prior, which those objectives weigh by beta / n.
+
 Callers ask ``isinstance(model, KernelModel)`` rather than probing for methods: the k-nearest
 tiles and the plain network baselines are ZooModels only. As in GPyTorch, the base methods
 raise NotImplementedError, so a subclass that forgets one fails on the first call.
@@ -300,3 +304,13 @@ class KernelModel(ZooModel):
         """
         if x2 is not None:
             raise ValueError("kernel(x1, diag=True) gives the prior variance at x1; pass no x2")
+
+
+class VariationalModel(KernelModel):
+    """A kernel model with an approximate posterior q over its weights (or inducing values) and a
+    prior p, trained by an objective that adds the KL divergence between them
+    (:mod:`geodbk.models.objectives`: dPPGP, SVGP, PPGP, VBLL; and the related models' ELBOs)."""
+
+    def kl_divergence(self) -> torch.Tensor:
+        """KL(q || p), nats: a () tensor, differentiable in the parameters of q and p."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement kl_divergence()")

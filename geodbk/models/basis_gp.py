@@ -33,7 +33,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors, ZooModel
+from geodbk.models.base import GPOutput, Noise, PosteriorFactors, VariationalModel, ZooModel
 from geodbk.models.expansions import FoldingExpansion, InducingExpansion
 from geodbk.models.fused import row_squared_norm
 from geodbk.models.precision import Precision, matmul_precision
@@ -57,7 +57,7 @@ class BasisMap(nn.Module):
         return self.expansion(self.backbone(x))
 
 
-class BasisGP(KernelModel):
+class BasisGP(VariationalModel):
     """Low-rank GP ``f(x) = <w, phi(x)> + c`` with q(w) = N(m, L L^T).
 
     Args:
@@ -243,7 +243,7 @@ class BasisGP(KernelModel):
 
     def kernel(self, x1: torch.Tensor, x2: torch.Tensor | None = None, diag: bool = False) -> torch.Tensor:
         """Prior kernel k(x1, x2), (n, m), or with ``diag`` its diagonal k(x1, x1), (n,) in O(n r)
-        (see :meth:`KernelModel.kernel`).
+        (see :meth:`~geodbk.models.base.KernelModel.kernel`).
 
         ``a^2 phi(x1).phi(x2)`` for a deep basis (a^2 = :attr:`weight_prior_variance`); for
         models with the Nystrom residual this is the full base kernel k(g(x1), g(x2)) that

@@ -18,21 +18,28 @@ MSE        (1/b) sum (y - mu)^2; s2 set to the training MSE after each epoch
 with mu = <m, phi> + c, var_f = ||L^T phi||^2 (+ the Nystrom residual for SVGP-type
 models), s2 = sigma^2 and KL = KL(N(m, L L^T) || N(0, I_r)).
 
-To add an objective, subclass :class:`Objective` and return it from a model spec's
-``objective`` factory (see :mod:`geodbk.models.zoo`).
+To add an objective, subclass :class:`Objective`, parametrised by the model type it scores
+(``Objective[VariationalModel]`` for one that reads the KL term), and return it from a model
+spec's ``objective`` factory (see :mod:`geodbk.models.zoo`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Generic, TypeVar
 
 import torch
 
-from geodbk.models.base import ZooModel
+from geodbk.models.base import VariationalModel, ZooModel
+from geodbk.models.basis_gp import BasisGP, PointNetwork
 from geodbk.models.expansions import jittered_cholesky
 from geodbk.models.fused import row_squared_norm
 
 _LOG_2PI = math.log(2.0 * math.pi)
+
+#: The model type an objective scores. Contravariant: an objective of every zoo model may stand
+#: where an objective of a narrower type is asked for.
+ModelT = TypeVar("ModelT", bound=ZooModel, contravariant=True)
 
 
 def gaussian_nll(y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
@@ -44,8 +51,8 @@ def gaussian_nll(y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torc
     return 0.5 * (_LOG_2PI + torch.log(var) + (y - mean).pow(2) / var)
 
 
-class Objective:
-    """A loss on a batch; subclasses implement :meth:`__call__`.
+class Objective(Generic[ModelT]):
+    """A loss on a batch of a model of type ``ModelT``; subclasses implement :meth:`__call__`.
 
     Attributes:
         name: short label shown in progress bars.
@@ -57,12 +64,13 @@ class Objective:
     name = "objective"
 
     def __call__(
-        self, model: ZooModel, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+        self, model: ModelT, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Loss for the batch ``x`` (b, d), ``y`` (b,), ``tests`` (b,) or None, of a training set of size ``n``."""
+        """Loss () for the batch ``x`` (b, d), ``y`` (b,) standardised, ``tests`` (b,) or None, of
+        a training set of size ``n``."""
         raise NotImplementedError
 
-    def refresh(self, model: ZooModel, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None) -> None:
+    def refresh(self, model: ModelT, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None) -> None:
         """Update closed-form state from the training data before validation (default: none)."""
 
     def __repr__(self) -> str:
@@ -70,7 +78,7 @@ class Objective:
         return f"{type(self).__name__}({params})"
 
 
-class DPPGP(Objective):
+class DPPGP(Objective[VariationalModel]):
     """Decoupled predictive GP loss: predictive NLL + alpha trace term + (beta/n) KL."""
 
     name = "dPPGP"
@@ -79,15 +87,18 @@ class DPPGP(Objective):
         self.alpha = alpha
         self.beta = beta
 
-    def __call__(self, model, x, y, n, tests=None):
+    def __call__(
+        self, model: VariationalModel, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
         out = model(x, tests)
+        assert out.phi is not None  # a basis model in training returns its basis values
         nll = gaussian_nll(y, out.mean, out.predictive_var).mean()
         sq_norm = row_squared_norm(out.phi)
         trace = ((sq_norm.max() - sq_norm) / (2.0 * out.noise)).mean()
         return nll + self.alpha * trace + (self.beta / n) * model.kl_divergence()
 
 
-class SVGPELBO(Objective):
+class SVGPELBO(Objective[VariationalModel]):
     """Negative SVGP evidence lower bound per datum (eq. 5)."""
 
     name = "SVGP"
@@ -95,7 +106,9 @@ class SVGPELBO(Objective):
     def __init__(self, beta: float = 1.0) -> None:
         self.beta = beta
 
-    def __call__(self, model, x, y, n, tests=None):
+    def __call__(
+        self, model: VariationalModel, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
         out = model(x, tests)
         fit = gaussian_nll(y, out.mean, out.noise) + out.var_f / (2.0 * out.noise)
         return fit.mean() + (self.beta / n) * model.kl_divergence()
@@ -107,7 +120,7 @@ class VBLLELBO(SVGPELBO):
     name = "VBLL"
 
 
-class PPGP(Objective):
+class PPGP(Objective[VariationalModel]):
     """Parametric predictive GP loss: predictive NLL + (beta/n) KL (eq. 6)."""
 
     name = "PPGP"
@@ -115,22 +128,29 @@ class PPGP(Objective):
     def __init__(self, beta: float = 0.01) -> None:
         self.beta = beta
 
-    def __call__(self, model, x, y, n, tests=None):
+    def __call__(
+        self, model: VariationalModel, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
         out = model(x, tests)
         nll = gaussian_nll(y, out.mean, out.predictive_var).mean()
         return nll + (self.beta / n) * model.kl_divergence()
 
 
-class MeanSquaredError(Objective):
+class MeanSquaredError(Objective[PointNetwork]):
     """MSE for the network; :meth:`refresh` sets sigma^2 to the training MSE (its MLE)."""
 
     name = "MSE"
 
-    def __call__(self, model, x, y, n, tests=None):
+    def __call__(
+        self, model: PointNetwork, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return (y - model(x).mean).pow(2).mean()
 
     @torch.no_grad()
-    def refresh(self, model, x, y, tests=None, chunk_size: int = 65536):
+    def refresh(
+        self, model: PointNetwork, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None,
+        chunk_size: int = 65536,
+    ) -> None:
         chunks = zip(x.split(chunk_size), y.split(chunk_size), strict=True)
         sq = sum(float((yb - model(xb).mean).pow(2).sum()) for xb, yb in chunks)
         model.noise.set_(sq / len(y))
@@ -179,7 +199,7 @@ def _precision_terms(phi: torch.Tensor, y: torch.Tensor, d: torch.Tensor) -> tup
     return chol, v
 
 
-class ExactMarginalLikelihood(Objective):
+class ExactMarginalLikelihood(Objective[BasisGP]):
     """Exact DBK: minimise -(1/n) log p(y) by Woodbury; q(w) set to the exact posterior.
 
     Full batch: each training step sees the whole training set (the trainer caps it at
@@ -193,12 +213,14 @@ class ExactMarginalLikelihood(Objective):
     def __init__(self, chunk_size: int = 65536) -> None:
         self.chunk_size = chunk_size
 
-    def __call__(self, model, x, y, n, tests=None):
+    def __call__(
+        self, model: BasisGP, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
         phi = model.basis(x)
         return -woodbury_log_marginal(phi, y - model.constant_mean, model.noise(tests)) / y.shape[0]
 
     @torch.no_grad()
-    def refresh(self, model, x, y, tests=None):
+    def refresh(self, model: BasisGP, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None) -> None:
         phi = torch.cat([model.basis(chunk) for chunk in x.split(self.chunk_size)])
         mean, factor = exact_posterior(phi, y - model.constant_mean, model.noise(tests))
         model.set_posterior(mean, factor)

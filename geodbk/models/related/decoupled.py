@@ -27,12 +27,12 @@ import math
 import torch
 from torch import nn
 
-from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors
+from geodbk.models.base import GPOutput, Noise, PosteriorFactors, VariationalModel
 from geodbk.models.expansions import ard_rbf, default_jitter, jittered_cholesky
 from geodbk.models.objectives import Objective, gaussian_nll
 
 
-class DecoupledSVGP(KernelModel):
+class DecoupledSVGP(VariationalModel):
     """Inducing-point GP with decoupled mean / covariance lengthscales on raw inputs.
 
     Args:
@@ -175,7 +175,7 @@ class DecoupledSVGP(KernelModel):
         return self.covar_kernel(x1, x1 if x2 is None else x2)
 
 
-class DecoupledELBO(Objective):
+class DecoupledELBO(Objective[DecoupledSVGP]):
     """DCSVGP (``predictive=False``) or DCPPGP (``predictive=True``) loss per datum.
 
     Args:
@@ -194,7 +194,9 @@ class DecoupledELBO(Objective):
     def name(self) -> str:  # type: ignore[override]
         return "DCPPGP" if self.predictive else "DCSVGP"
 
-    def __call__(self, model, x, y, n, tests=None):
+    def __call__(
+        self, model: DecoupledSVGP, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
         out, kl, omega = model.loss_terms(x)
         if self.predictive:
             fit = gaussian_nll(y, out.mean, out.predictive_var)

@@ -37,6 +37,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from geodbk.models.basis_gp import BasisGP
 from geodbk.models.expansions import ard_rbf
 from geodbk.models.objectives import ExactMarginalLikelihood
 
@@ -210,8 +211,9 @@ class EmbeddingExactMML(ExactMarginalLikelihood):
     """
 
     @torch.no_grad()
-    def refresh(self, model, x, y, tests=None):
+    def refresh(self, model: BasisGP, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None) -> None:
         embedding = model.basis.backbone
+        assert isinstance(embedding, StandardizedEmbedding)  # the dfgp and dmgp builders put it there
         was_training = model.training
         model.eval()
         if isinstance(embedding.standardize, nn.BatchNorm1d):

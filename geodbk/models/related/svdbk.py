@@ -107,7 +107,7 @@ class CorrectedBasisGP(BasisGP):
         self.max_train_sq_norm.fill_(best)
 
 
-class SVDBKELBO(Objective):
+class SVDBKELBO(Objective[CorrectedBasisGP]):
     """Negative SVDBK objective per datum (ELBO eq. 9 + the trace regulariser, see module doc).
 
     ``refresh`` stores max_train ||phi||^2 in the model for the prediction correction.
@@ -123,14 +123,19 @@ class SVDBKELBO(Objective):
         self.trace = trace
         self.chunk_size = chunk_size
 
-    def __call__(self, model, x, y, n, tests=None):
+    def __call__(
+        self, model: CorrectedBasisGP, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
         out = model(x, tests)
         fit = gaussian_nll(y, out.mean, out.noise) + out.var_f / (2.0 * out.noise)
         loss = fit.mean() + model.kl_divergence() / n
         if self.trace:
+            assert out.phi is not None  # a basis model in training returns its basis values
             sq_norm = out.phi.pow(2).sum(-1)
             loss = loss + ((sq_norm.max() - sq_norm) / (2.0 * out.noise)).mean()
         return loss
 
-    def refresh(self, model, x, y, tests=None):
+    def refresh(
+        self, model: CorrectedBasisGP, x: torch.Tensor, y: torch.Tensor, tests: torch.Tensor | None = None
+    ) -> None:
         model.set_max_train_sq_norm(x, self.chunk_size)

@@ -34,14 +34,14 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from geodbk.models.base import GPOutput, KernelModel, Noise, PosteriorFactors
+from geodbk.models.base import GPOutput, Noise, PosteriorFactors, VariationalModel
 from geodbk.models.basis_gp import PointNetwork
 from geodbk.models.config import ModelConfig
 from geodbk.models.expansions import jittered_cholesky
 from geodbk.models.objectives import _LOG_2PI, Objective, gaussian_nll
 
 
-class LastLayerVaLLA(KernelModel):
+class LastLayerVaLLA(VariationalModel):
     """VaLLA on the last-layer Jacobian of a frozen network.
 
     Args:
@@ -128,7 +128,7 @@ class LastLayerVaLLA(KernelModel):
         return phi1 @ (phi1 if x2 is None else self.features(x2)).T
 
 
-class BlackBoxAlpha(Objective):
+class BlackBoxAlpha(Objective[VariationalModel]):
     """VaLLA loss per datum: -(1/b) sum E_alpha(y_i) + KL / n (alpha > 0; 1 = predictive)."""
 
     name = "BB-alpha"
@@ -138,7 +138,9 @@ class BlackBoxAlpha(Objective):
             raise ValueError(f"alpha must be positive, got {alpha}")
         self.alpha = alpha
 
-    def __call__(self, model, x, y, n, tests=None):
+    def __call__(
+        self, model: VariationalModel, x: torch.Tensor, y: torch.Tensor, n: int, tests: torch.Tensor | None = None
+    ) -> torch.Tensor:
         out = model(x, tests)
         a, s2 = self.alpha, out.noise
         log_c = 0.5 * (_LOG_2PI + torch.log(s2) - math.log(a)) - 0.5 * a * (_LOG_2PI + torch.log(s2))
