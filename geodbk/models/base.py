@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from geodbk.models.blocks import blocks
 from geodbk.models.expansions import ard_rbf
 
 
@@ -196,11 +197,9 @@ def _grouped_rbf_sum(z: torch.Tensor, w: torch.Tensor, groups: torch.Tensor, n_g
     bounds = torch.searchsorted(groups, torch.arange(n_groups + 1, device=groups.device)).tolist()
     for g in range(n_groups):
         lo, hi = bounds[g], bounds[g + 1]
-        for i in range(lo, hi, block):
-            zi, wi = z[i : min(i + block, hi)], w[i : min(i + block, hi)]
-            for j in range(lo, hi, block):
-                zj, wj = z[j : min(j + block, hi)], w[j : min(j + block, hi)]
-                out[g] += wi @ ard_rbf(zi, zj, unit, unit) @ wj
+        for rows in blocks(hi, block, start=lo):
+            for cols in blocks(hi, block, start=lo):
+                out[g] += w[rows] @ ard_rbf(z[rows], z[cols], unit, unit) @ w[cols]
     return out
 
 
