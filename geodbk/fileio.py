@@ -15,10 +15,12 @@ What may be replaced (:func:`check_output`): a file replaces a file; a folder re
 empty folder or a folder of the same kind that geodbk wrote, recognised by its marker
 (:func:`mark_output`): a :data:`MARKER` file holding the kind in a run folder, and the root
 attribute :data:`ZARR_ATTRIBUTE` in a Zarr store (Zarr readers warn about files they do not
-know, so a store carries its marker in its own metadata). Anything else
-is refused with :class:`geodbk.errors.OutputExistsError` unless ``overwrite`` is given (or
-the CLI's ``--overwrite`` is in force, :func:`overwrite_allowed`). An output never replaces
-one of its own inputs.
+know, so a store carries its marker in its own metadata). Anything else is refused with
+:class:`geodbk.errors.OutputExistsError` unless ``overwrite`` is given (or the CLI's
+``--overwrite`` is in force, :func:`overwrite_allowed`). Even with ``overwrite``, an output
+never replaces one of its own inputs, nor a FIFO, device or socket (``/dev/null`` included: the
+rename would replace the device node), and its name must be UTF-8; two outputs of one command
+are never at one path (:func:`check_distinct`).
 
 Temporary names are ``.<name>.<pid>-<random>.tmp`` (hidden, and never ending in the output's
 own suffix, so no reader that globs for ``*.nc`` or ``*.pt`` picks one up). An exception
@@ -45,6 +47,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -73,6 +76,9 @@ JOURNAL = ".geodbk-journal"
 _STAGED = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[a-z0-9_]+\.(?P<ext>tmp|part|old)$")
 #: Free bytes below which a failed write is reported as a full disk.
 _FULL_DISK_BYTES = 256 * 1024
+#: What is at a path that is neither a regular file nor a folder, by its ``stat`` test.
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 _forced = ContextVar("geodbk_overwrite", default=False)
 
@@ -139,6 +145,20 @@ def _printable(path: str | Path) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def _special(path: Path) -> str | None:
+    """What stands at ``path``, or at the end of a symlink there, if it is neither a regular file
+    nor a folder (a FIFO, a device, a socket); None otherwise, or if nothing is there."""
+    for follow in (False, True):
+        try:
+            mode = os.stat(path, follow_symlinks=follow).st_mode
+        except OSError:  # nothing there, or a symlink to nothing
+            continue
+        for test, what in _SPECIAL:
+            if test(mode):
+                return what
+    return None
+
+
 def _check_parent(path: Path, shown: str) -> None:
     """The nearest existing ancestor of ``path`` must be a writable folder."""
     ancestor = path.parent
@@ -168,13 +188,22 @@ def check_output(
         name: what messages call the output (e.g. ``"--out"``).
 
     Raises:
-        OutputExistsError: ``path`` is an input or holds one, or (without ``overwrite``) is a
-            folder where a file goes, a file where a folder goes, or a non-empty folder whose
-            marker is not ``kind``.
-        OutputPathError: a parent of ``path`` is a file or not writable.
+        OutputExistsError: ``path`` is (or links to) a FIFO, a device or a socket (even with
+            ``overwrite``), is an input or holds one, or (without ``overwrite``) is a folder where
+            a file goes, a file where a folder goes, or a non-empty folder whose marker is not
+            ``kind``.
+        OutputPathError: ``path`` is not UTF-8, or a parent of it is a file or not writable.
     """
     path = Path(path)
-    shown = f"{name} {path}" if name else str(path)
+    shown = f"{name} {_printable(path)}" if name else _printable(path)
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise OutputPathError(f"{shown} is not UTF-8 text; name the output in UTF-8 (the libraries that write "
+                              "geodbk's formats take UTF-8 paths only)") from None
+    if (special := _special(path)) is not None:  # even with overwrite: the rename would replace a device node
+        raise OutputExistsError(f"{shown} is {special}, not a regular file; geodbk writes its outputs as regular "
+                                "files and folders only, so name a file")
     for given in inputs:
         if _inside(Path(given), path):
             raise OutputExistsError(f"{shown} would replace the input {given}; write the output somewhere else")
