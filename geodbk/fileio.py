@@ -15,7 +15,8 @@ What may be replaced (:func:`check_output`): a file replaces a file; a folder re
 empty folder or a folder of the same kind that geodbk wrote, recognised by its marker
 (:func:`mark_output`): a :data:`MARKER` file holding the kind in a run folder, and the root
 attribute :data:`ZARR_ATTRIBUTE` in a Zarr store (Zarr readers warn about files they do not
-know, so a store carries its marker in its own metadata). Anything else is refused with
+know, so a store carries its marker in its own metadata), and a store only while it holds
+nothing but its metadata and chunks. Anything else is refused with
 :class:`geodbk.errors.OutputExistsError` unless ``overwrite`` is given (or the CLI's
 ``--overwrite`` is in force, :func:`overwrite_allowed`). Even with ``overwrite``, an output
 never replaces one of its own inputs, nor a FIFO, device or socket (``/dev/null`` included: the
@@ -79,6 +80,10 @@ _FULL_DISK_BYTES = 256 * 1024
 #: What is at a path that is neither a regular file nor a folder, by its ``stat`` test.
 _SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+#: Metadata files of a Zarr group or array (Zarr 3, and Zarr 2's).
+_ZARR_METADATA = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
+#: A chunk's name, or one part of it: ``0``, ``0.1.2`` (Zarr 2's dotted keys).
+_CHUNK_KEY = re.compile(r"^\d+(\.\d+)*$")
 
 _forced = ContextVar("geodbk_overwrite", default=False)
 
@@ -159,6 +164,30 @@ def _special(path: Path) -> str | None:
     return None
 
 
+def _zarr_member(parts: tuple[str, ...]) -> bool:
+    """Whether the file at ``parts`` inside a Zarr store is one that Zarr writes for an xarray
+    dataset: the root group's metadata, or an array's (one folder down) metadata or chunks
+    (``<array>/c/0/1`` in Zarr 3, ``<array>/0.1`` or ``<array>/0/1`` in Zarr 2)."""
+    if len(parts) == 1:
+        return parts[0] in _ZARR_METADATA
+    if len(parts) == 2 and parts[1] in _ZARR_METADATA:
+        return True
+    keys = parts[2:] if parts[1] == "c" else parts[1:]
+    return bool(keys) and all(_CHUNK_KEY.match(key) for key in keys)
+
+
+def _foreign_files(store: Path) -> list[Path]:
+    """What Zarr store ``store`` holds besides its metadata and chunks (:func:`_zarr_member`): a
+    user's files, and symlinks (geodbk writes none), which replacing the store would delete."""
+    foreign: list[Path] = []
+    for folder, dirs, files in os.walk(store):
+        here = Path(folder)
+        foreign += [here / name for name in dirs if (here / name).is_symlink()]
+        foreign += [here / name for name in files
+                    if (here / name).is_symlink() or not _zarr_member((here / name).relative_to(store).parts)]
+    return sorted(foreign)
+
+
 def _check_parent(path: Path, shown: str) -> None:
     """The nearest existing ancestor of ``path`` must be a writable folder."""
     ancestor = path.parent
@@ -190,8 +219,8 @@ def check_output(
     Raises:
         OutputExistsError: ``path`` is (or links to) a FIFO, a device or a socket (even with
             ``overwrite``), is an input or holds one, or (without ``overwrite``) is a folder where
-            a file goes, a file where a folder goes, or a non-empty folder whose marker is not
-            ``kind``.
+            a file goes, a file where a folder goes, a non-empty folder whose marker is not
+            ``kind``, or a Zarr store that holds files which are not the store's.
         OutputPathError: ``path`` is not UTF-8, or a parent of it is a file or not writable.
     """
     path = Path(path)
@@ -221,6 +250,11 @@ def check_output(
     if output_kind(path) != kind and any(path.iterdir()):
         raise OutputExistsError(f"{shown} exists and is not a {what} written by geodbk; "
                                 "pass --overwrite to replace it as a whole")
+    if kind == ZARR_STORE and (foreign := _foreign_files(path)):
+        listed = ", ".join(_printable(entry.relative_to(path)) for entry in foreign[:3])
+        raise OutputExistsError(f"{shown} is a Zarr store geodbk wrote, but it also holds {len(foreign)} file(s) "
+                                f"that are not the store's ({listed}{', ...' if len(foreign) > 3 else ''}); move "
+                                "them out, or pass --overwrite to replace the store and them")
 
 
 def check_distinct(outputs: Mapping[str, str | Path | None]) -> None:
