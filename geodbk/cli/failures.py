@@ -5,8 +5,9 @@
 * bad input (:class:`geodbk.errors.GeodbkError`), a file or folder the system refuses
   (``OSError``: unwritable folder, full disk, a parent path that is a file) and a resource
   limit (``MemoryError``, torch's out-of-memory errors): :data:`USAGE_ERROR` (2);
-* Ctrl-C: :data:`INTERRUPTED` (130); SIGTERM, which :func:`sigterm_as_exception` turns into
-  :class:`geodbk.errors.Terminated`: :data:`TERMINATED` (143);
+* Ctrl-C: :data:`INTERRUPTED` (130); SIGTERM and SIGHUP, which :func:`sigterm_as_exception` turns
+  into :class:`geodbk.errors.Terminated`: 128 + the signal's number (:data:`TERMINATED`, 143, for
+  SIGTERM; 129 for SIGHUP);
 * anything else is a bug: :data:`INTERNAL_ERROR` (1), naming the exception and ``--debug``,
   which shows the traceback instead.
 
@@ -31,8 +32,8 @@ USAGE_ERROR = 2
 INTERNAL_ERROR = 1
 #: Exit status after Ctrl-C (128 + SIGINT).
 INTERRUPTED = 130
-#: Exit status after SIGTERM (128 + SIGTERM).
-TERMINATED = 143
+#: Exit status after SIGTERM (128 + SIGTERM); after SIGHUP it is 128 + SIGHUP (129).
+TERMINATED = 128 + signal.SIGTERM
 
 _CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@")
 _OUT_OF_MEMORY = ("OutOfMemoryError",)
@@ -70,7 +71,8 @@ def _out_of_memory(err: BaseException) -> bool:
 def failure(err: BaseException) -> tuple[int, str]:
     """The exit status and the one-line message (without the ``geodbk <command>: error:`` prefix) of ``err``."""
     if isinstance(err, Terminated):
-        return TERMINATED, "terminated (SIGTERM); nothing half-written was left"
+        signum = err.args[0] if err.args and isinstance(err.args[0], signal.Signals) else signal.SIGTERM
+        return 128 + signum, f"terminated ({signum.name}); nothing half-written was left"
     if isinstance(err, KeyboardInterrupt):
         return INTERRUPTED, "interrupted (Ctrl-C); nothing half-written was left"
     if isinstance(err, GeodbkError):
@@ -86,22 +88,25 @@ def failure(err: BaseException) -> tuple[int, str]:
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated(f"signal {signum}")
+    raise Terminated(signal.Signals(signum))
 
 
 @contextmanager
 def sigterm_as_exception() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`geodbk.errors.Terminated` in the main thread (so
-    that staged outputs are removed as after Ctrl-C); the previous handler comes back afterwards.
-    Outside the main thread (signals cannot be set there) the block runs unchanged."""
+    """Within the block, SIGTERM and SIGHUP (a closed terminal or SSH session) raise
+    :class:`geodbk.errors.Terminated` in the main thread, so that staged outputs are removed as
+    after Ctrl-C; a SIGHUP that was ignored (``nohup``) stays ignored. The previous handlers come
+    back afterwards. Outside the main thread (signals cannot be set there) the block runs unchanged."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    caught = [signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])
+    previous = {signum: signal.signal(signum, _raise_terminated) for signum in caught}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 __all__ = [
