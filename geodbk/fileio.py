@@ -25,10 +25,12 @@ are never at one path (:func:`check_distinct`).
 
 Temporary names are ``.<name>.<pid>-<random>.tmp`` (hidden, and never ending in the output's
 own suffix, so no reader that globs for ``*.nc`` or ``*.pt`` picks one up). An exception
-(Ctrl-C and SIGTERM included, see :mod:`geodbk.cli`) removes the temporary and leaves an
-older output at the target untouched. A process killed outright (SIGKILL, power loss) can
-leave its hidden temporary behind, never a partial output at the target; the next write
-into the same folder sweeps temporaries whose process is gone (:func:`sweep`).
+(Ctrl-C, SIGTERM and SIGHUP included, see :mod:`geodbk.cli`) removes the temporary and leaves an
+older output at the target untouched; a write that fails on a full disk or at the file size
+limit (``ulimit -f``) says so (ENOSPC, EFBIG), whatever the writing library called it. A
+process killed outright (SIGKILL, power loss) can leave its hidden temporary behind, never a
+partial output at the target; the next write into the same folder sweeps temporaries whose
+process is gone (:func:`sweep`).
 
 Replacing an existing folder takes two renames (old aside, new into place), so for a moment
 nothing is at the target; a reader then sees "no output", never a mix of old and new. A
@@ -47,6 +49,7 @@ import itertools
 import json
 import os
 import re
+import resource
 import shutil
 import stat
 import tempfile
@@ -341,13 +344,36 @@ def disk_full(folder: str | Path) -> bool:
     return stats.f_bavail * stats.f_frsize < _FULL_DISK_BYTES
 
 
-def write_failure(path: str | Path, err: Exception, detail: str = "") -> Exception:
-    """The error to raise when a library failed to write ``path``: ENOSPC when the disk is full
-    (GDAL and netCDF report it as "HDF error" or worse), ``err`` itself if it is an OSError or a
-    MemoryError, else an EIO OSError quoting ``detail`` (what the library printed) or ``err``."""
-    path = Path(path)
+def _size_limit_reached(staged: Path) -> bool:
+    """Whether the file ``staged`` has grown to this process's file size limit (``ulimit -f``),
+    beyond which every write fails."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    try:
+        return limit != resource.RLIM_INFINITY and staged.is_file() and staged.stat().st_size >= limit
+    except OSError:
+        return False
+
+
+def _exhausted(path: Path, err: Exception, staged: Path | None) -> OSError | None:
+    """What a library's failed write of ``path`` means, whatever the library says: ENOSPC naming
+    ``path`` when its disk is full, EFBIG when ``err`` is EFBIG or the file ``staged`` for ``path``
+    reached the file size limit; None if neither."""
     if disk_full(path.parent):
         return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    if getattr(err, "errno", None) == errno.EFBIG or (staged is not None and _size_limit_reached(staged)):
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(path))
+    return None
+
+
+def write_failure(path: str | Path, err: Exception, detail: str = "", *, staged: Path | None = None) -> Exception:
+    """The error to raise when a library failed to write ``path`` (into the file ``staged``, if
+    given, which must still be there): ENOSPC when the disk is full and EFBIG at the file size
+    limit (GDAL and netCDF report both as "HDF error" or worse), ``err`` itself if it is another
+    OSError or a MemoryError, else an EIO OSError quoting ``detail`` (what the library printed) or
+    ``err``."""
+    path = Path(path)
+    if (exhausted := _exhausted(path, err, staged)) is not None:
+        return exhausted
     if isinstance(err, (OSError, MemoryError)):
         return err
     reason = " ".join((detail or f"{type(err).__name__}: {err}").split())
@@ -434,10 +460,12 @@ def _staged(path: str | Path, *, kind: str | None, overwrite: bool, suffix: str)
     try:
         yield staged.tmp
         staged.commit()
-    except Exception as err:  # whatever a writing library raises on a full disk, say so
-        if isinstance(err, GeodbkError) or not disk_full(staged.target.parent):
+    except Exception as err:  # whatever a writing library raises on a full disk or at the size limit, say so
+        exhausted = None if isinstance(err, GeodbkError) else _exhausted(
+            staged.target, err, None if staged.directory else staged.tmp)
+        if exhausted is None:
             raise
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(staged.target)) from err
+        raise exhausted from err
     finally:
         staged.discard()  # a no-op after a commit: the temporary was renamed away
 
@@ -448,7 +476,8 @@ def atomic_path(path: str | Path, *, overwrite: bool = False, suffix: str = ".tm
 
     The temporary file (``.<name>.<pid>-<random><suffix>``, created empty) is removed if the
     block raises, and an existing file at ``path`` is then left as it was; an error raised on a
-    full disk becomes OSError ENOSPC, whatever the writing library called it. A folder at
+    full disk becomes OSError ENOSPC, and one raised when the temporary reached the file size
+    limit (``ulimit -f``) EFBIG, whatever the writing library called it. A folder at
     ``path`` is refused (:class:`geodbk.errors.OutputExistsError`) unless ``overwrite``. The
     parent folder is created; the final file gets mode 0644.
     """

@@ -42,7 +42,7 @@ _OS_REASONS = {
     errno.ENOSPC: "no space left on device",
     errno.EDQUOT: "disk quota exceeded",
     errno.EROFS: "read-only file system",
-    errno.EFBIG: "file too large for this file system or limit",
+    errno.EFBIG: "file size limit reached (ulimit -f), or the file is too large for this file system",
 }
 
 

@@ -4,7 +4,8 @@ Both writers are atomic (:mod:`geodbk.fileio`): the output is written to a hidde
 beside the target and renamed into place when complete, so a failure leaves an older file or
 store at the target as it was. A NetCDF file replaces a file, a Zarr store an empty folder or a
 store geodbk wrote; anything else only with ``overwrite`` (:func:`geodbk.fileio.check_output`).
-A failed write raises OSError, ENOSPC for a full disk (which netCDF reports as "HDF error").
+A failed write raises OSError, ENOSPC for a full disk and EFBIG at the file size limit (which
+netCDF reports as "HDF error"), and removes its temporary.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def write_netcdf(ds: xr.Dataset, path: str | Path, *, overwrite: bool = False) -
         try:
             ds.to_netcdf(tmp, mode="w", engine="netcdf4", encoding=grid_encoding(ds))
         except Exception as err:  # netCDF4 raises RuntimeError or OSError, often with a wrong errno
-            raise write_failure(path, err) from err
+            raise write_failure(path, err, staged=tmp) from err
     return path
 
 

@@ -114,7 +114,7 @@ def write_geotiff(
     ``name`` and ``units`` tags. The file is written atomically (:func:`geodbk.fileio.atomic_path`)
     and checked: GDAL reports some write errors (a full disk among them) only on its stderr, so
     every block of the staged file is read back before it replaces the target, and any failure
-    raises OSError (ENOSPC for a full disk) with what GDAL printed.
+    raises OSError (ENOSPC for a full disk, EFBIG at the file size limit) with what GDAL printed.
     """
     if ds.rio.crs is None:
         raise InputDataError("grid has no CRS (spatial_ref); build it with geodbk.maps.predict.predict_grid")
@@ -134,7 +134,7 @@ def write_geotiff(
             bands.rio.to_raster(tmp, recalc_transform=False, compress=compress, **options)
             _read_every_block(tmp)
         except Exception as err:  # GDAL's error classes are many; all mean the file is not good
-            raise write_failure(path, err, _text(printed)) from err
+            raise write_failure(path, err, _text(printed), staged=tmp) from err
         messages = _text(printed)
     for line in messages.splitlines():
         warnings.warn(f"GDAL: {line}", RuntimeWarning, stacklevel=2)

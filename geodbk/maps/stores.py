@@ -19,6 +19,7 @@ file, so Dask workers can each write their own blocks into the staged store
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -153,27 +154,37 @@ class ZarrSink:
 class NetCDFSink:
     """Streams row blocks into a NetCDF-4 file staged beside ``path``, renamed into place by :meth:`finish`.
 
-    A failed netCDF call raises OSError naming ``path`` (ENOSPC for a full disk,
-    :func:`geodbk.fileio.write_failure`).
+    The template's variables, attributes and coordinates are written first (its dask-backed data
+    variables are only declared) and that file is closed before the blocks go in through one
+    netCDF4 handle, so no other handle to the file is left for the garbage collector to close.
+    A failed netCDF call raises OSError naming ``path`` (ENOSPC for a full disk, EFBIG at the
+    file size limit, :func:`geodbk.fileio.write_failure`); the staged file is then removed.
     """
 
     def __init__(self, template: xr.Dataset, path: Path, *, overwrite: bool = False) -> None:
         import netCDF4
+        from xarray.backends import NetCDF4DataStore
 
         self.staged = StagedPath.beside(path, overwrite=overwrite)
         self.nc: netCDF4.Dataset | None = None
         try:
-            template.to_netcdf(
-                self.staged.tmp, mode="w", compute=False, encoding=grid_encoding(template), engine="netcdf4"
-            )
+            store = NetCDF4DataStore.open(self.staged.tmp, mode="w")
+            try:
+                template.dump_to_store(store, encoding=grid_encoding(template))
+            finally:
+                store.close()
             self.nc = netCDF4.Dataset(self.staged.tmp, "a")
             self.nc.set_auto_mask(False)
         except Exception as err:
+            failure = self._failure(err)  # before the staged file is gone
             self.abort()
-            raise write_failure(self.staged.target, err) from err
+            raise failure from err
         except BaseException:
             self.abort()
             raise
+
+    def _failure(self, err: Exception) -> Exception:
+        return write_failure(self.staged.target, err, staged=self.staged.tmp)
 
     def write(self, rows: slice, block: Mapping[str, np.ndarray]) -> None:
         assert self.nc is not None, "write after finish or abort"
@@ -181,23 +192,29 @@ class NetCDFSink:
             for name, values in block.items():
                 self.nc[name][_rows_index(values.ndim, rows)] = values
         except Exception as err:
-            raise write_failure(self.staged.target, err) from err
+            raise self._failure(err) from err
 
     def _close(self) -> None:
-        if self.nc is not None and self.nc.isopen():
-            self.nc.close()
+        """Close the file once: a close that failed (a full disk) is not tried again."""
+        nc, self.nc = self.nc, None
+        if nc is not None and nc.isopen():
+            nc.close()
 
     def abort(self) -> None:
-        """Close and remove the staged file."""
-        self._close()
-        self.staged.discard()
+        """Close and remove the staged file; an error closing it (the disk that failed the write
+        fails the close too) gives way to the failure that led here."""
+        try:
+            with suppress(Exception):
+                self._close()
+        finally:
+            self.staged.discard()
 
     def finish(self) -> xr.Dataset:
         """Close the file, rename it onto the target and open it lazily."""
         try:
             self._close()
         except Exception as err:
-            raise write_failure(self.staged.target, err) from err
+            raise self._failure(err) from err
         return open_grid(self.staged.commit())
 
 
