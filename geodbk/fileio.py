@@ -191,6 +191,16 @@ def _foreign_files(store: Path) -> list[Path]:
     return sorted(foreign)
 
 
+def holdings(folder: str | Path) -> list[Path]:
+    """What ``folder`` holds besides geodbk's own bookkeeping (its :data:`MARKER`, :data:`LOCK`
+    and :data:`JOURNAL`, and staged temporaries): [] for an empty or a missing folder."""
+    try:
+        entries = sorted(Path(folder).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [entry for entry in entries if entry.name not in (MARKER, LOCK, JOURNAL) and not _STAGED.match(entry.name)]
+
+
 def _check_parent(path: Path, shown: str) -> None:
     """The nearest existing ancestor of ``path`` must be a writable folder."""
     ancestor = path.parent
@@ -607,6 +617,7 @@ __all__ = [
     "check_output",
     "disk_full",
     "folder_lock",
+    "holdings",
     "mark_output",
     "output_kind",
     "overwrite_allowed",

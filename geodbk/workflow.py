@@ -8,23 +8,21 @@ CPU preset :data:`geodbk.models.config.CPU` of ``geodbk fit``); ``paper_size=Tru
 switches to the paper's h = 256, r = 1024 and 400 epochs at lr 1e-3 (a GPU job). Explicit
 ``epochs`` / ``lr`` win over either schedule.
 
-A run folder appears whole or not at all: :func:`run_demo` fills a hidden temporary folder
-beside the target and swaps it in when every file is written (:func:`geodbk.fileio.atomic_dir`),
-so a crash midway leaves the previous run folder (or nothing) for the dashboard to open, never
-a half run. The swap replaces the previous run folder as a whole, and only a folder that is
-empty or a run folder geodbk wrote (its marker, :func:`geodbk.fileio.mark_output`), unless
-``overwrite``.
-
-``geodbk fit`` adds models to a run folder instead (:meth:`RunFolder.check_fits` before training,
-:meth:`RunFolder.save_fits` after): the models, the merged metrics and the dataset (when new)
-change together in one :class:`geodbk.fileio.FolderCommit`, under the folder's lock, so two
-fits into one folder keep both models' rows and a killed fit leaves the old files.
+The demo and ``geodbk fit`` write a run folder one way (:meth:`RunFolder.check_fits` before
+training, :meth:`RunFolder.commit_fits` after): every file is staged in a hidden folder inside
+the run folder (:class:`geodbk.fileio.FolderCommit`), and the models, the merged metrics, the
+dataset and (the demo's) maps change together under the folder's lock, so a crash midway
+leaves the previous files (or, for a new folder, nothing), never a half run; two fits into one
+folder keep both models' rows. A commit replaces only the files it writes: earlier models, their
+metrics rows and a user's files stay. ``fit`` adds models to a run folder; the demo writes a new
+one, and into a folder that holds anything only with ``overwrite``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,9 +38,9 @@ from geodbk.errors import InputDataError, OutputExistsError
 from geodbk.fileio import (
     RUN_FOLDER,
     FolderCommit,
-    atomic_dir,
     check_output,
     folder_lock,
+    holdings,
     mark_output,
     output_kind,
 )
@@ -131,22 +129,61 @@ class RunFolder:
         known = {self.dataset.name, self.metrics_csv.name, self.metrics_json.name, "models", "maps", "decisions"}
         return all(entry.name in known or entry.name.startswith(".") for entry in self.root.iterdir())
 
-    def check_fits(self, dataset: SpatialDataset, kinds: Sequence[str], *, overwrite: bool = False) -> None:
-        """Raise unless fitting ``kinds`` on ``dataset`` may be saved here (run it before training).
+    def outputs(self, kinds: Sequence[str], *, maps: bool = False) -> list[Path]:
+        """The files a fit of ``kinds`` writes here: the dataset, both metrics files and the
+        models, and with ``maps`` (the demo) each kind's maps, test tiles and decisions."""
+        paths = [self.dataset, self.metrics_csv, self.metrics_json, *(self.model(k) for k in kinds)]
+        if maps:
+            paths += [path for k in kinds for path in (
+                self.map_netcdf(k), self.map_geotiff(k), self.test_tiles(k), self.hexagons(k), self.plan(k))]
+        return paths
+
+    def check_folder(self, *, overwrite: bool = False, demo: bool = False) -> None:
+        """Raise unless a fit (or with ``demo``, the demo) may write into this folder.
 
         Raises:
-            OutputExistsError: the folder holds files other than a run folder's
-                (:meth:`looks_like_run`), or a model, metrics or dataset path is a folder (both
-                unless ``overwrite``), or the folder's dataset is of another region or target
-                (always).
-            OutputPathError: the folder is a file, or a parent of it is a file or not writable.
+            OutputExistsError: the folder is a file, FIFO or device (always); or, unless
+                ``overwrite``, for a fit it holds files other than a run folder's
+                (:meth:`looks_like_run`), and for the demo it holds anything but geodbk's own
+                bookkeeping (:func:`geodbk.fileio.holdings`).
+            OutputPathError: a parent of the folder is a file or not writable, or its name is not UTF-8.
+        """
+        check_output(self.root, kind=RUN_FOLDER, overwrite=True, name="--out")  # its name, type and parents
+        if self.root.exists() and not self.root.is_dir():
+            raise OutputExistsError(f"--out {self.root} is a file, not a run folder; choose another --out")
+        if overwrite or not self.root.is_dir():
+            return
+        if not demo:
+            if not self.looks_like_run():
+                raise OutputExistsError(f"--out {self.root} holds files other than a run folder's; pass --overwrite "
+                                        "to add the run to it anyway")
+            return
+        held = holdings(self.root)
+        if held and self.looks_like_run():
+            raise OutputExistsError(f"--out {self.root} holds a run already; pass --overwrite to write this run's "
+                                    "files over its own (its other models and files are kept), or choose another "
+                                    "--out")
+        if held:
+            raise OutputExistsError(f"--out {self.root} exists and is not a run folder: it holds {held[0].name}"
+                                    f"{' and more' if len(held) > 1 else ''}; pass --overwrite to add the run's "
+                                    "files to it (the files there are kept), or choose another --out")
+
+    def check_fits(
+        self, dataset: SpatialDataset, kinds: Sequence[str], *, overwrite: bool = False, demo: bool = False
+    ) -> None:
+        """Raise unless fitting ``kinds`` on ``dataset`` may be saved here (run it before training);
+        ``demo``: the demo's run, which writes its own dataset and maps and a new folder
+        (:meth:`check_folder`).
+
+        Raises:
+            OutputExistsError: the folder may not be written (:meth:`check_folder`), or (unless
+                ``overwrite``) one of the files written (:meth:`outputs`) is a folder, or (always)
+                one is a FIFO or a device, or the folder's dataset is of another region or target.
+            OutputPathError: a parent of the folder is a file or not writable.
             InputDataError: the folder's dataset or metrics table cannot be read.
         """
-        if self.root.is_dir() and not (overwrite or self.looks_like_run()):
-            raise OutputExistsError(f"--out {self.root} holds files other than a run folder's; pass --overwrite "
-                                    "to add the run to it anyway")
-        check_output(self.root, kind=RUN_FOLDER, overwrite=overwrite or self.root.is_dir(), name="--out")
-        for path in (self.dataset, self.metrics_csv, self.metrics_json, *(self.model(k) for k in kinds)):
+        self.check_folder(overwrite=overwrite, demo=demo)
+        for path in self.outputs(kinds, maps=demo):
             check_output(path, overwrite=overwrite)
         if self.dataset.is_file():
             held = SpatialDataset.load(self.dataset)
@@ -155,7 +192,7 @@ class RunFolder:
             ):
                 raise OutputExistsError(
                     f"{self.root} holds a {held.target} dataset of {held.region.name}, not {dataset.target} of "
-                    f"{dataset.region.name}; fit into another run folder"
+                    f"{dataset.region.name}; write into another run folder"
                 )
         self._earlier_metrics()
 
@@ -182,34 +219,54 @@ class RunFolder:
         geometry_from: str | Path | None = None,
     ) -> pd.DataFrame:
         """Add fitted ``models`` with their test metrics ``results`` (:func:`evaluate_on_test` per
-        kind) to the run folder and return the merged metrics table. ``geometry_from``: the file a
-        dataset loaded without its polygons came from (:meth:`SpatialDataset.save`).
+        kind) to the run folder and return the merged metrics table: the models are staged in a
+        :class:`geodbk.fileio.FolderCommit` and committed by :meth:`commit_fits`."""
+        commit = FolderCommit(self.root, overwrite=overwrite)
+        try:
+            staged = RunFolder(commit.staging)
+            for kind, model in models.items():
+                model.save(staged.model(kind))
+            return self.commit_fits(commit, dataset, results, overwrite=overwrite, timeout_s=timeout_s,
+                                    geometry_from=geometry_from)
+        finally:
+            commit.discard()
+
+    def commit_fits(
+        self,
+        commit: FolderCommit,
+        dataset: SpatialDataset,
+        results: dict[str, pd.DataFrame],
+        *,
+        overwrite: bool = False,
+        demo: bool = False,
+        timeout_s: float | None = None,
+        geometry_from: str | Path | None = None,
+    ) -> pd.DataFrame:
+        """Commit the files staged in ``commit`` (a :class:`geodbk.fileio.FolderCommit` of this
+        folder holding the models of ``results``' kinds, and the demo's dataset and maps) with the
+        merged metrics table, and return that table. ``geometry_from``: the file a dataset loaded
+        without its polygons came from (:meth:`SpatialDataset.save`).
 
         Under the folder's lock (waiting up to ``timeout_s``, default :data:`RUN_LOCK_TIMEOUT_S`,
         then :class:`geodbk.errors.FolderBusyError`), the checks of :meth:`check_fits` run again,
-        the metrics rows of models fitted earlier are kept (those of ``models``' kinds replaced),
-        and the models, both metrics files, the dataset (when the folder has none) and the
-        folder's marker are committed together (:class:`geodbk.fileio.FolderCommit`).
+        the metrics rows of models fitted earlier are kept (those of ``results``' kinds replaced),
+        ``dataset`` is staged too when neither the folder nor the staging has one, and every
+        staged file, both metrics files and the folder's marker are moved into place together;
+        files of the folder that were not staged stay as they are.
         """
         with folder_lock(self.root, timeout_s=RUN_LOCK_TIMEOUT_S if timeout_s is None else timeout_s):
-            self.check_fits(dataset, list(models), overwrite=overwrite)
+            self.check_fits(dataset, list(results), overwrite=overwrite, demo=demo)
             table = metrics_table(results)
             earlier = self._earlier_metrics()
             if earlier is not None:
-                table = pd.concat([earlier[~earlier["model"].isin(list(models))], table], ignore_index=True)
-            commit = FolderCommit(self.root, overwrite=overwrite)
-            try:
-                staged = RunFolder(commit.staging)
-                if not self.dataset.exists():
-                    dataset.save(staged.dataset, geometry_from=geometry_from)
-                for kind, model in models.items():
-                    model.save(staged.model(kind))
-                save_metrics(table, staged.root)
-                if output_kind(self.root) != RUN_FOLDER:
-                    mark_output(staged.root, RUN_FOLDER)
-                commit.commit()
-            finally:
-                commit.discard()
+                table = pd.concat([earlier[~earlier["model"].isin(list(results))], table], ignore_index=True)
+            staged = RunFolder(commit.staging)
+            if not (self.dataset.exists() or staged.dataset.exists()):
+                dataset.save(staged.dataset, geometry_from=geometry_from)
+            save_metrics(table, staged.root)
+            if output_kind(self.root) != RUN_FOLDER:
+                mark_output(staged.root, RUN_FOLDER)
+            commit.commit()
         return table
 
 
@@ -344,29 +401,42 @@ def run_demo(
     ``maps/<kind>_test_tiles.geojson``. ``echo`` receives the dataset summary, the metrics
     table and one line per file (named by its final path).
 
-    The files are written into a hidden temporary folder beside ``out_dir`` that replaces
-    ``out_dir`` as a whole when all are written; on any failure it is removed and ``out_dir``
-    is left as it was.
+    ``out_dir`` must be missing or empty unless ``overwrite``; with it, the demo's files
+    replace theirs and whatever else the folder holds stays (earlier models keep their
+    metrics rows, as after ``geodbk fit``). The files are staged in a hidden folder inside
+    ``out_dir`` and committed together when all are written (:meth:`RunFolder.commit_fits`); on
+    any failure the staging folder is removed, and so is ``out_dir`` if the demo made it.
 
     Raises:
         InputDataError: no model kinds, or a split that leaves too little to validate or test on
             (:meth:`geodbk.dataset.spatial_dataset.SpatialDataset.check_split`, before any fit).
-        OutputExistsError: ``out_dir`` holds something other than an empty folder or a run
-            folder geodbk wrote (which the swap would delete), unless ``overwrite``.
+        OutputExistsError: ``out_dir`` holds anything (unless ``overwrite``), is a file or a
+            device, or holds a dataset of another region or target (before any fit;
+            :meth:`RunFolder.check_fits`).
     """
     cfg = config or DemoConfig()
     if not cfg.models:
         raise InputDataError("no model kinds to fit")
     final = RunFolder(Path(out_dir))
-    check_output(final.root, kind=RUN_FOLDER, overwrite=overwrite, name="--out")  # before minutes of fitting
-    with atomic_dir(final.root, kind=RUN_FOLDER, overwrite=overwrite) as staging:
-        result = _run_demo_into(RunFolder(staging), final, cfg, echo)
-    return result
+    final.check_folder(overwrite=overwrite, demo=True)  # before the dataset is built and minutes of fitting
+    made = not final.root.exists()
+    commit = FolderCommit(final.root, overwrite=overwrite)
+    try:
+        return _run_demo_into(commit, final, cfg, echo, overwrite=overwrite)
+    except BaseException:
+        commit.discard()
+        if made:
+            with suppress(OSError):  # empty, unless something was put there meanwhile
+                final.root.rmdir()
+        raise
 
 
-def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Callable[[str], None]) -> DemoResult:
-    """The body of :func:`run_demo`: write every file into ``run`` (the staging folder), naming
-    them by their place in ``final``; the result refers to ``final``."""
+def _run_demo_into(
+    commit: FolderCommit, final: RunFolder, cfg: DemoConfig, echo: Callable[[str], None], *, overwrite: bool
+) -> DemoResult:
+    """The body of :func:`run_demo`: write every file into ``commit``'s staging folder, naming
+    them by their place in ``final``, and commit them; the result refers to ``final``."""
+    run = RunFolder(commit.staging)
     seconds: dict[str, float] = {}
     files: list[Path] = []
 
@@ -380,6 +450,7 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
         block_m=cfg.block_m,
     )
     dataset.check_split()
+    final.check_fits(dataset, cfg.models, overwrite=overwrite, demo=True)
     echo(dataset.summary())
     dataset.save(run.dataset)
     wrote(run.dataset)
@@ -406,13 +477,10 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
         models[kind] = model
         results[kind] = evaluate_on_test(model, dataset)
 
-    table = metrics_table(results)
     echo("test-split metrics (y = log10 " + f"{dataset.target} in {dataset.units}):")
-    echo(format_metrics_table(table))
+    echo(format_metrics_table(metrics_table(results)))
     if (note := dataset.test_note()) is not None:
         echo(note)
-    for path in save_metrics(table, run.root):
-        wrote(path)
 
     grid = RegularGrid.over(dataset.region, cfg.resolution, crs=cfg.map_crs)
     refs = reference_points(dataset, grid)
@@ -446,6 +514,9 @@ def _run_demo_into(run: RunFolder, final: RunFolder, cfg: DemoConfig, echo: Call
             plan = plan_hexagon_visits(model, cfg.plan_budget, resolution=cfg.h3_resolution, progress=cfg.progress)
             wrote(write_summary(plan, run.plan(kind)))
             seconds[f"decisions {kind}"] = time.perf_counter() - t0
+    table = final.commit_fits(commit, dataset, results, overwrite=overwrite, demo=True)
+    for path in (run.metrics_csv, run.metrics_json):
+        wrote(path)
     return DemoResult(final, dataset, models, table, refs, files, seconds)
 
 

@@ -19,6 +19,7 @@ import shapely
 import xarray as xr
 
 from geodbk.dataset.model_info import ModelInfo
+from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.fileio import MARKER, RUN_FOLDER, atomic_dir, atomic_path
 from geodbk.fit.metrics import save_metrics
 from geodbk.io.cubes import write_netcdf, write_zarr
@@ -214,7 +215,8 @@ def test_crashed_demo_leaves_the_previous_run_folder(tmp_path, monkeypatch) -> N
 
     run = RunFolder(tmp_path / "run")
     run.model("dbk-rbf").parent.mkdir(parents=True)
-    run.dataset.write_bytes(b"previous run")
+    load_sample_dataset("PR", "download", quarters=["2023Q3"]).save(run.dataset)
+    previous = run.dataset.read_bytes()
     run.model("dbk-rbf").write_bytes(b"previous model")
     (run.root / MARKER).write_text("run\n")
 
@@ -223,10 +225,23 @@ def test_crashed_demo_leaves_the_previous_run_folder(tmp_path, monkeypatch) -> N
 
     monkeypatch.setattr(geomodel, "predict_grid", crash)  # GeoModel.grid, which the demo calls
     config = DemoConfig(quarters=["2023Q4"], models=("knn",), epochs=1, resolution=0.05, progress=False, device="cpu")
-    with pytest.raises(RuntimeError, match="injected"):
-        run_demo(run.root, config, echo=lambda line: None)
-    assert run.dataset.read_bytes() == b"previous run" and run.model("dbk-rbf").read_bytes() == b"previous model"
+    with pytest.raises(RuntimeError, match="injected"):  # into a run folder only with overwrite
+        run_demo(run.root, config, echo=lambda line: None, overwrite=True)
+    assert run.dataset.read_bytes() == previous and run.model("dbk-rbf").read_bytes() == b"previous model"
     assert everything(run.root) == [MARKER, "dataset.parquet", "models"] and everything(tmp_path) == ["run"]
+
+
+def test_crashed_demo_into_a_new_folder_leaves_nothing(tmp_path, monkeypatch) -> None:
+    import geodbk.fit.geomodel as geomodel
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("injected: out of memory while drawing the maps")
+
+    monkeypatch.setattr(geomodel, "predict_grid", crash)
+    config = DemoConfig(quarters=["2023Q4"], models=("knn",), epochs=1, resolution=0.05, progress=False, device="cpu")
+    with pytest.raises(RuntimeError, match="injected"):
+        run_demo(tmp_path / "outputs" / "demo", config, echo=lambda line: None)
+    assert everything(tmp_path / "outputs") == []
 
 
 def test_demo_refuses_to_replace_a_folder_that_is_not_a_run(tmp_path) -> None:

@@ -183,7 +183,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     )
     _check_demo_maps(config, allow=args.allow_extrapolation)
     start = time.perf_counter()
-    result = run_demo(args.out, config)
+    result = run_demo(args.out, config, overwrite=args.overwrite)
     print(f"done in {time.perf_counter() - start:.0f} s: {len(result.files)} files in {result.run.root}")
     return 0
 
