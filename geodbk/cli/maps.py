@@ -94,9 +94,9 @@ def _run_predict(args: argparse.Namespace) -> int:
     from geodbk.maps.schema import GridLayers, check_grid_size, grid_size_limit
 
     if args.dask_scheduler is not None:
-        from geodbk.maps.parallel import parse_scheduler
+        from geodbk.maps.parallel import check_scheduler
 
-        parse_scheduler(args.dask_scheduler)
+        check_scheduler(args.dask_scheduler)
     # before the model loads: the output (which may not hold the inputs) and the device
     inputs = [args.model, *([args.dataset] if args.dataset else [])]
     check_store(args.out, parallel=args.dask_scheduler is not None, name="--out", inputs=inputs)
@@ -310,9 +310,9 @@ def _run_summarize(args: argparse.Namespace) -> int:
     if args.max_cells is not None and args.max_cells < 1:
         raise InputDataError(f"--max-cells must be >= 1, got {args.max_cells}")
     if args.dask_scheduler is not None:
-        from geodbk.maps.parallel import parse_scheduler
+        from geodbk.maps.parallel import check_scheduler
 
-        parse_scheduler(args.dask_scheduler)
+        check_scheduler(args.dask_scheduler)
     model = GeoModel.load(args.model)
     polygons = read_polygons(args.polygons, what="polygon", keep_crs=True)
     if not args.all_polygons:

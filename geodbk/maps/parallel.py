@@ -28,12 +28,22 @@ How, and why:
   float32 matrix products give the same bits on 1, 2 or 4 threads, so the grid equals the
   serial one exactly.
 
+* **Bounded by the machine and the clock.** ``"local:N"`` is refused above the machine's
+  cores (:func:`check_scheduler`; at least the default 2): each worker is a process of a few
+  hundred MB, and more workers than cores only share them. A scheduler address must answer a
+  Dask ``identity`` call within :data:`CONNECT_TIMEOUT` seconds, whole (:func:`check_reachable`):
+  ``Client(timeout=...)`` bounds each step of its handshake, not the handshake, and an HTTP
+  server on the port kept it waiting until the server closed the connection.
+
 ``distributed`` is imported here only inside functions, so importing this module is cheap.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -47,8 +57,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 #: Workers of ``"local"``: one process each, one thread per process.
 DEFAULT_LOCAL_WORKERS = 2
-#: How long to try to reach a scheduler given by address.
-CONNECT_TIMEOUT = "20s"
+#: How long to try to reach a scheduler given by address, seconds.
+CONNECT_TIMEOUT = 20.0
 #: Tasks in flight per worker thread: one running and one queued keeps every thread busy.
 TASKS_PER_THREAD = 2
 
@@ -72,20 +82,72 @@ def parse_scheduler(spec: str) -> int | str:
     return int(count)
 
 
+def machine_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_scheduler(spec: str) -> int | str:
+    """:func:`parse_scheduler`, with ``"local:N"`` refused above :func:`machine_cores` (or the
+    default of 2 workers, if that is more)."""
+    target = parse_scheduler(spec)
+    most = max(DEFAULT_LOCAL_WORKERS, machine_cores())
+    if isinstance(target, int) and target > most:
+        raise InputDataError(
+            f"a local Dask cluster of {target} workers is more than this machine's {machine_cores()} CPU cores; "
+            f"use local:{most} or fewer"
+        )
+    return target
+
+
+def check_reachable(address: str, timeout: float) -> None:
+    """Raise unless a Dask scheduler at ``address`` answers an ``identity`` call within
+    ``timeout`` seconds, connection and reply together (the module docstring). Runs its own
+    event loop in a thread, so it also works under a running loop (a notebook)."""
+    from distributed.comm import connect as open_comm
+
+    async def identity() -> object:
+        comm = await open_comm(address, timeout=timeout)
+        try:
+            await comm.write({"op": "identity"})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    async def within_deadline() -> object:
+        return await asyncio.wait_for(identity(), timeout)
+
+    unreachable = f"cannot reach the Dask scheduler at {address}"
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            reply = pool.submit(asyncio.run, within_deadline()).result()
+        except TimeoutError:
+            raise InputDataError(f"{unreachable}: no answer within {timeout:g} s") from None
+        except OSError as err:
+            raise InputDataError(f"{unreachable}: {err}") from None
+        except Exception:  # whatever listens there sends anything: a frame length of exabytes, garbage
+            reply = None
+    if not (isinstance(reply, dict) and reply.get("type") == "Scheduler"):
+        raise InputDataError(f"{unreachable}: what answers there is not a scheduler")
+
+
 @contextmanager
 def connect(scheduler: Client | str) -> Iterator[Client]:
     """A client on ``scheduler``, closed on exit unless it was given as a client.
 
-    ``"local"`` / ``"local:N"`` start a :class:`distributed.LocalCluster` of N (default 2)
-    worker processes with one thread each and no dashboard, shut down on exit; an address
-    connects to a running scheduler (its workers need geodbk installed).
+    ``"local"`` / ``"local:N"`` start a :class:`distributed.LocalCluster` of N (default 2,
+    at most :func:`check_scheduler` allows) worker processes with one thread each and no
+    dashboard, shut down on exit; an address connects to a running scheduler (its workers need
+    geodbk installed) once :func:`check_reachable` has heard it answer.
     """
     from distributed import Client, LocalCluster
 
     if isinstance(scheduler, Client):
         yield scheduler
         return
-    target = parse_scheduler(scheduler)
+    target = check_scheduler(scheduler)
     if isinstance(target, int):
         with (
             LocalCluster(n_workers=target, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
@@ -93,6 +155,7 @@ def connect(scheduler: Client | str) -> Iterator[Client]:
         ):
             yield client
         return
+    check_reachable(target, CONNECT_TIMEOUT)
     try:
         client = Client(target, timeout=CONNECT_TIMEOUT)
     except (OSError, TimeoutError, ValueError) as err:
@@ -165,4 +228,7 @@ def map_blocks(
         client.cancel([job_future])
 
 
-__all__ = ["check_visible", "connect", "map_blocks", "parse_scheduler"]
+__all__ = [
+    "check_reachable", "check_scheduler", "check_visible", "connect", "machine_cores", "map_blocks",
+    "parse_scheduler",
+]
