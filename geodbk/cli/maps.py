@@ -241,7 +241,9 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
             "interval, the expected share of the area below the speed benchmark, and the number of observed "
             "(training) tiles inside. Polygons keep their columns and CRS. By default only polygons that "
             "overlap the model's region are kept. Polygons are summarised in blocks of whole polygons of about "
-            "262k cells, so memory follows the largest polygon, not the number of polygons. "
+            "262k cells, so memory follows the largest polygon, not the number of polygons; the largest polygon's "
+            "joint covariance is planned first and printed, and a polygon whose plan is above 2 GiB (about 9,000 "
+            "averaging cells) is refused with a coarser --resolution to use. "
             "With --h3 instead of --polygons: one row per H3 hexagon (the FCC's mobile map cells) whose centre "
             "is in the model's region, with each target's hexagon mean and joint sd, and the chance that the "
             "hexagon mean meets the --benchmark (geodbk.decisions.hexagon_summary lists the columns)."
@@ -293,6 +295,7 @@ def _run_summarize(args: argparse.Namespace) -> int:
     from geodbk.maps.summaries import (
         DEFAULT_RESOLUTION,
         SUMMARY_FORMATS,
+        plan_summary,
         polygons_in_region,
         summarize_polygons,
         write_summary,
@@ -324,12 +327,15 @@ def _run_summarize(args: argparse.Namespace) -> int:
         polygons = kept
     area = polygons.to_crs(4326).union_all()
     check_domain(model, area, quarter or "latest", allow=args.allow_extrapolation)
+    resolution = args.resolution or DEFAULT_RESOLUTION
     with grid_size_limit(args.max_cells):  # the averaging cells, before they are allocated
-        check_grid_size(RegularGrid.over(area, args.resolution or DEFAULT_RESOLUTION), SUMMARY_VALUES_PER_CELL)
+        check_grid_size(RegularGrid.over(area, resolution), SUMMARY_VALUES_PER_CELL)
+    plan = plan_summary(polygons, resolution)  # the largest polygon's joint variance, before it is summed
+    print(plan.describe())
     start = time.perf_counter()
     summary = summarize_polygons(
-        model, polygons, time=quarter, resolution=args.resolution or DEFAULT_RESOLUTION,
-        threshold=threshold_option(args), client=args.dask_scheduler, progress=not args.no_progress,
+        model, polygons, time=quarter, plan=plan, threshold=threshold_option(args), client=args.dask_scheduler,
+        progress=not args.no_progress,
     )
     write_summary(summary, args.out)
     print(f"wrote {args.out}: {len(summary)} polygons, quarter {summary['quarter'].iloc[0]}, "

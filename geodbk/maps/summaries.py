@@ -26,13 +26,29 @@ cells are never split between blocks, since its joint variance needs all of them
 a polygon's results do not depend on the others in its block. Given a Dask ``client`` the
 blocks run on the cluster's workers (:mod:`geodbk.maps.parallel`), as ``predict_grid``'s row
 blocks do, and the table is the serial one.
+
+Memory is planned before any cell is made (:func:`plan_summary`). A polygon's joint variance
+sums over every pair of its cells, and the GP kinds hold those pairs in float64 tiles: the
+kernel tile of the inducing-point kinds, up to cells x cells values and its temporaries
+(:data:`KERNEL_PAIR_BYTES` a pair), and the local residual field's blocks of
+:data:`RESIDUAL_ROWS` cells against all the polygon's cells (:data:`RESIDUAL_PAIR_BYTES` a
+pair). So the largest polygon plans the larger of the two (:func:`joint_variance_bytes`),
+which must fit in :data:`JOINT_VARIANCE_BUDGET` = 2 GiB, half of the 4 GiB a map may hold
+(:data:`geodbk.maps.schema.GRID_VALUE_BUDGET`; the other half is the model's, the block's
+cells and their predictions): 9,268 cells a polygon, Puerto Rico at 0.01 degrees (7,958) but
+not at 0.005 (31,845), which needs 6 GB with an sv-rbf model. A larger polygon is refused in
+one line that names a coarser ``--resolution``. The constants are measured (peak RSS of one
+polygon, 2,900 to 23,000 cells, sv-rbf and dbk-rbf); tests/hostile/test_work_bounds.py checks
+the plan against a run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +59,12 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 from tqdm.auto import tqdm
 
-from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.errors import ExtrapolationWarning, InputDataError, ResourceLimitError
 from geodbk.fileio import atomic_path, write_failure
 from geodbk.maps.cover import cell_count, cover
-from geodbk.maps.geometry import RegularGrid
+from geodbk.maps.geometry import RegularGrid, parse_resolution
 from geodbk.maps.predict import CaughtWarning
+from geodbk.maps.schema import GRID_VALUE_BUDGET
 from geodbk.maps.thresholds import DEFAULT, resolve_threshold
 from geodbk.prediction import probability_below, to_data_units
 
@@ -58,6 +75,13 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 DEFAULT_RESOLUTION = 0.005
 #: Averaging cells per block of polygons (a polygon with more is a block of its own).
 CELLS_PER_BLOCK = 1 << 18
+#: Bytes a polygon's joint variance holds per pair of its cells in a kernel tile (module docstring).
+KERNEL_PAIR_BYTES = 25
+#: Bytes it holds per pair of cells in a block of the residual field, and the block's rows.
+RESIDUAL_PAIR_BYTES = 88
+RESIDUAL_ROWS = 2048
+#: Largest planned joint variance of one polygon (bytes): half of a map's 4 GiB.
+JOINT_VARIANCE_BUDGET = GRID_VALUE_BUDGET // 2
 #: Margin around a block's lon/lat bounds within which training tiles are tested against its
 #: polygons (degrees; far more than an edge bends between the polygons' CRS and lon/lat).
 BOUNDS_PAD_DEG = 0.05
@@ -96,11 +120,13 @@ def polygon_cells(
 @dataclasses.dataclass(frozen=True)
 class PolygonBlock:
     """Whole polygons summarised together: their row positions in the frame (k,), their averaging
-    grids (lon/lat shapes, :func:`polygon_grids`) and their shapes in the frame's own CRS."""
+    grids (lon/lat shapes, :func:`polygon_grids`), their shapes in the frame's own CRS and their
+    averaging cells (k,) (:func:`geodbk.maps.cover.cell_count`)."""
 
     positions: np.ndarray
     grids: Sequence[RegularGrid]
     shapes: Sequence[BaseGeometry]
+    cells: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,23 +182,96 @@ def polygon_blocks(
     """The polygons in frame order, cut into blocks of whole polygons of at most
     ``cells_per_block`` averaging cells each (a larger polygon alone in its block).
 
-    Holds each polygon's grid, not its cells: cells are counted here (a rasterisation per
-    polygon) and made again by the block's job."""
+    Holds each polygon's grid and cell count, not its cells: cells are counted here (a
+    rasterisation per polygon) and made again by the block's job."""
     if cells_per_block < 1:
         raise InputDataError(f"cells_per_block must be >= 1, got {cells_per_block}")
     grids = polygon_grids(polygons, resolution)
     shapes = list(polygons.geometry)
-    blocks: list[PolygonBlock] = []
-    start, held = 0, 0
-    for position, grid in enumerate(grids):
-        cells = cell_count(grid)
+    counts = np.array([cell_count(grid) for grid in grids], dtype=np.int64)
+    starts = [0]
+    held = 0
+    for position, cells in enumerate(counts.tolist()):
         if held and held + cells > cells_per_block:
-            blocks.append(PolygonBlock(np.arange(start, position), grids[start:position], shapes[start:position]))
-            start, held = position, 0
+            starts.append(position)
+            held = 0
         held += cells
-    if grids:
-        blocks.append(PolygonBlock(np.arange(start, len(grids)), grids[start:], shapes[start:]))
-    return blocks
+    bounds = [*starts, len(grids)] if grids else []
+    return [PolygonBlock(np.arange(a, b), grids[a:b], shapes[a:b], counts[a:b]) for a, b in pairwise(bounds)]
+
+
+def joint_variance_bytes(cells: int) -> int:
+    """Planned memory (bytes) of one polygon's joint variance over ``cells`` averaging cells: the
+    larger of its kernel tile and its residual-field block (the module docstring)."""
+    return max(KERNEL_PAIR_BYTES * cells * cells, RESIDUAL_PAIR_BYTES * cells * min(cells, RESIDUAL_ROWS))
+
+
+def most_cells(limit: int = JOINT_VARIANCE_BUDGET) -> int:
+    """The most averaging cells a polygon may have for its joint variance to plan at most ``limit`` bytes."""
+    low, high = 1, math.isqrt(limit)  # joint_variance_bytes(n) > n^2
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if joint_variance_bytes(middle) <= limit else (low, middle - 1)
+    return low
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryPlan:
+    """The blocks of a summary (:func:`polygon_blocks`) and its memory: the largest polygon
+    (its label in the frame's index, its averaging cells) and its planned joint variance in
+    bytes (:func:`joint_variance_bytes`, at most :data:`JOINT_VARIANCE_BUDGET`)."""
+
+    blocks: list[PolygonBlock]
+    largest: Hashable
+    cells: int
+    planned: int
+
+    def describe(self) -> str:
+        """One line: the largest polygon, its planned memory and the limit."""
+        return (f"memory plan: the largest polygon (index {self.largest}) has {self.cells:,} averaging cells; its "
+                f"joint covariance plans {_gib(self.planned)} of the {_gib(JOINT_VARIANCE_BUDGET)} allowed "
+                f"({most_cells():,} cells), half of the {_gib(GRID_VALUE_BUDGET)} limit")
+
+
+def plan_summary(
+    polygons: gpd.GeoDataFrame, resolution: float | str = DEFAULT_RESOLUTION, cells_per_block: int = CELLS_PER_BLOCK
+) -> SummaryPlan:
+    """The blocks of ``polygons`` (:func:`polygon_blocks`) and their memory plan, checked.
+
+    Raises:
+        InputDataError: no polygons.
+        ResourceLimitError: the largest polygon's joint variance (:func:`joint_variance_bytes`)
+            is above :data:`JOINT_VARIANCE_BUDGET`; the message names a coarser ``--resolution``.
+    """
+    if len(polygons) == 0:
+        raise InputDataError("no polygons to summarise")
+    blocks = polygon_blocks(polygons, resolution, cells_per_block)
+    sizes = np.concatenate([block.cells for block in blocks])
+    position = int(np.argmax(sizes))
+    cells = int(sizes[position])
+    plan = SummaryPlan(blocks, polygons.index[position], cells, joint_variance_bytes(cells))
+    if plan.planned > JOINT_VARIANCE_BUDGET:
+        fitting = most_cells()
+        raise ResourceLimitError(
+            f"the polygon with index {plan.largest} has {cells:,} averaging cells at resolution {resolution}; its "
+            f"joint covariance plans {_gib(plan.planned)}, above the {_gib(JOINT_VARIANCE_BUDGET)} allowed "
+            f"({fitting:,} cells), half of the {_gib(GRID_VALUE_BUDGET)} limit; use a coarser --resolution, e.g. "
+            f"{_coarser(resolution, math.sqrt(cells / fitting))}"
+        )
+    return plan
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.3g} GiB"
+
+
+def _coarser(resolution: float | str, factor: float) -> str:
+    """``resolution`` (a number or ``"500m"`` style) times ``factor``, rounded up to two
+    significant digits, with its unit."""
+    value, unit = parse_resolution(resolution)
+    scaled = value * factor
+    step = 10.0 ** (math.floor(math.log10(scaled)) - 1)
+    return f"{math.ceil(scaled / step) * step:g}{unit or ''}"
 
 
 def summarize_polygons(
@@ -183,6 +282,7 @@ def summarize_polygons(
     resolution: float | str = DEFAULT_RESOLUTION,
     threshold: float | str | None = DEFAULT,
     cells_per_block: int = CELLS_PER_BLOCK,
+    plan: SummaryPlan | None = None,
     client: Client | str | None = None,
     progress: bool = False,
 ) -> gpd.GeoDataFrame:
@@ -196,6 +296,9 @@ def summarize_polygons(
         threshold: for ``share_below``, in data units; default the FCC benchmark of the
             model's service and target; ``None`` leaves the column out.
         cells_per_block: averaging cells predicted together (whole polygons; module docstring).
+        plan: :func:`plan_summary` of these polygons, made by the caller to show it first
+            (then ``resolution`` and ``cells_per_block`` are those it was made with); default
+            made here.
         client: summarise the blocks on a Dask cluster: a :class:`distributed.Client`, a
             scheduler address (``"tcp://host:8786"``) or ``"local"`` / ``"local:N"``, as for
             :func:`~geodbk.maps.predict.predict_grid`; the model is sent to each worker once.
@@ -203,16 +306,18 @@ def summarize_polygons(
 
     Returns:
         The polygons with the columns listed in the module docstring added (and ``quarter``).
+
+    Raises:
+        InputDataError: polygons without a CRS, no polygons, or a model without a joint posterior.
+        ResourceLimitError: the largest polygon is above the memory plan's limit (:func:`plan_summary`).
     """
     if polygons.crs is None:
         raise InputDataError("the polygons have no CRS; geodbk will not guess one")
-    if len(polygons) == 0:
-        raise InputDataError("no polygons to summarise")
     if not model.has_kernel:
         raise InputDataError(f"area summaries need a GP model; {model.kind} has no joint posterior")
     level = resolve_threshold(threshold, model.info)
     quarter = time or model.latest_quarter
-    blocks = polygon_blocks(polygons, resolution, cells_per_block)
+    blocks = (plan or plan_summary(polygons, resolution, cells_per_block)).blocks
     job = SummaryJob(model, quarter, level, pyproj.CRS.from_user_input(polygons.crs))
     n = len(polygons)
     cells, observed = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -296,6 +401,8 @@ def write_summary(frame: gpd.GeoDataFrame, path: str | Path, *, overwrite: bool 
 
 
 __all__ = [
-    "CELLS_PER_BLOCK", "DEFAULT_RESOLUTION", "BlockSummary", "PolygonBlock", "SummaryJob", "polygon_blocks",
+    "CELLS_PER_BLOCK", "DEFAULT_RESOLUTION", "JOINT_VARIANCE_BUDGET", "KERNEL_PAIR_BYTES", "RESIDUAL_PAIR_BYTES",
+    "RESIDUAL_ROWS", "BlockSummary", "PolygonBlock", "SummaryJob", "SummaryPlan", "joint_variance_bytes", "most_cells",
+    "plan_summary", "polygon_blocks",
     "polygon_cells", "polygon_grids", "polygons_in_region", "summarize_polygons", "write_summary",
 ]
