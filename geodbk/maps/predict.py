@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fileio import ZARR_STORE, check_output
 from geodbk.maps.geometry import CellLocator, RegionLike, RegularGrid
-from geodbk.maps.schema import GridLayers, SpatialPredictor, grid_template
+from geodbk.maps.schema import GridLayers, SpatialPredictor, check_cells_inside, grid_template
 from geodbk.maps.stores import BlockSink, MemorySink, NetCDFSink, ZarrRegions, ZarrSink
 from geodbk.maps.thresholds import DEFAULT, Benchmark
 
@@ -122,6 +122,7 @@ def predict_grid(
     """
     layers = GridLayers.for_model(model, time=time, threshold=threshold, change=change, refs=refs,
                                   benchmark=benchmark)
+    check_cells_inside(grid)
     if chunk_rows is None:
         rows_per_block = max(1, grid.default_chunk_rows() // len(layers.quarters))
     else:

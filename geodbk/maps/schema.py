@@ -205,8 +205,7 @@ class GridLayers:
             pair = tuple(change)
             if len(pair) != 2:
                 raise InputDataError(f"a change is between two quarters, from and to; got {change!r}")
-            for quarter in pair:
-                _check_quarter(quarter)
+            check_change(*pair)
             if latest is None or not has_kernel:
                 raise InputDataError(
                     f"change maps need a space-time GP model; {info.kind} "
@@ -382,10 +381,43 @@ class GridLayers:
         return model.predict(lonlat, quarter), model.for_target(self.other_target).predict(lonlat, quarter)
 
 
-def _check_quarter(quarter: str) -> None:
+def _check_quarter(quarter: str) -> Quarter:
     if not isinstance(quarter, str):
         raise InputDataError(f"quarters are labels like '2023Q4', got {quarter!r}")
-    Quarter.parse(quarter)
+    return Quarter.parse(quarter)
+
+
+def check_change(start: str, end: str) -> None:
+    """Refuse a change that is not between two quarters: each a label like ``"2023Q4"``, and
+    different (a change of a quarter to itself is 0 with sd 0, and its P(increase) 0/0).
+
+    Raises:
+        InputDataError: a bad label, or the same quarter twice.
+    """
+    if _check_quarter(start) == _check_quarter(end):
+        raise InputDataError(f"a change is between two different quarters; got {start} to {end}")
+
+
+def check_cells_inside(grid: RegularGrid) -> None:
+    """Refuse a grid none of whose cell centres lies inside its region, so that every cell of
+    the map would be NaN (a resolution larger than the region). Row blocks are tested until one
+    holds a cell inside: the first, for any grid finer than its region.
+
+    Raises:
+        InputDataError: no cell centre inside; the message gives the region's extent.
+    """
+    from geodbk.maps.geometry import CellLocator
+
+    locator = CellLocator(grid)
+    if any(locator.cells(rows)[1].any() for rows in grid.blocks(grid.default_chunk_rows())):
+        return
+    west, south, east, north = locator.geometry.bounds
+    unit = grid.crs.axis_info[0].unit_name if grid.crs.axis_info else "CRS"
+    raise InputDataError(
+        f"no cell of the {grid.height:,} x {grid.width:,} grid at resolution {grid.resolution:g} has its centre inside "
+        f"the region ({east - west:.3g} x {north - south:.3g} {unit} units), so the map would be empty; use a finer "
+        "--resolution"
+    )
 
 
 def check_grid_size(grid: RegularGrid, values_per_cell: int, *, lift: str | None = None) -> None:
@@ -498,6 +530,8 @@ def grid_template(
 __all__ = [
     "GridLayers",
     "SpatialPredictor",
+    "check_cells_inside",
+    "check_change",
     "check_grid_size",
     "grid_size_limit",
     "grid_template",
