@@ -14,7 +14,7 @@
 * :mod:`~geodbk.viewer.tables`: the area summary and metrics tables.
 """
 
-from geodbk.viewer.catalog import Catalog, Fit
+from geodbk.viewer.catalog import Catalog, Fit, check_run_folder
 from geodbk.viewer.cells import at_quarter, change_span, grid_cells_lonlat, grid_quarters, on_cells, shown_quarter
 from geodbk.viewer.correlation import (
     HalfDistance,
@@ -64,7 +64,8 @@ __all__ = [
     "BENCHMARK_CHOICES", "DecisionSummary", "HalfDistance", "NO_DECISIONS", "benchmark_options", "cell_km",
     "decision_summary", "half_distance", "p_meets", "plan_marks", "posterior_correlation", "table_benchmark",
     "ALL_QUARTERS", "READOUT_VARIABLES", "Catalog", "DEFAULT_LAYER", "Fit", "LAYERS", "LAYER_BY_KEY", "Layer",
-    "NEAR_KM", "PointPrediction", "Series", "at_quarter", "cell_readout", "change_span", "colour_limits",
+    "NEAR_KM", "PointPrediction", "Series", "at_quarter", "cell_readout", "change_span", "check_run_folder",
+    "colour_limits",
     "correlation", "distance_km", "grid_cells_lonlat", "grid_quarters", "grid_units", "layer_cmap", "layer_label",
     "layer_options", "layer_variable", "lonlat_to_mercator", "mercator_raster", "mercator_to_lonlat",
     "metrics_tables", "name_column", "observed_near", "on_cells", "outline_paths", "quarter_dates", "resolve_layer",

@@ -17,7 +17,7 @@ import pandas as pd
 import xarray as xr
 
 from geodbk.dataset.spatial_dataset import SpatialDataset
-from geodbk.errors import GeodbkError
+from geodbk.errors import GeodbkError, InputDataError
 from geodbk.fit.geomodel import GeoModel
 from geodbk.viewer import loaders
 from geodbk.viewer.loaders import stamp
@@ -145,6 +145,36 @@ class Fit:
         return float(centre.x), float(centre.y)
 
 
+def model_files(run: Path) -> list[Path]:
+    """The saved models of run folder ``run`` (``<run>/models/*.pt``), sorted; none if it is not a folder."""
+    pattern = RunFolder(run).model("*")
+    return sorted(pattern.parent.glob(pattern.name)) if run.is_dir() else []
+
+
+def check_run_folder(run: Path) -> None:
+    """Refuse ``run`` unless the dashboard has something to show in it: a folder with a
+    ``dataset.parquet``, saved models and the map of at least one of them (``maps/<kind>.nc``,
+    which ``geodbk demo`` writes and ``geodbk fit`` does not).
+
+    Raises:
+        InputDataError: no such path, a file, not a run folder, or a run without maps; the
+            message says what to run.
+    """
+    files = RunFolder(run)
+    if not run.exists():
+        raise InputDataError(f"no run folder at {run}; build one with `geodbk demo --out {run}`")
+    if not run.is_dir():
+        raise InputDataError(f"{run} is a file, not a run folder; give the folder `geodbk demo --out` wrote")
+    models = model_files(run)
+    if not files.dataset.is_file() or not models:
+        raise InputDataError(f"{run} is not a run folder (no dataset.parquet or models/*.pt); "
+                             f"build one with `geodbk demo --out {run}`")
+    if not any(files.map_netcdf(path.stem).is_file() for path in models):
+        kind = models[0].stem
+        raise InputDataError(f"{run} has no maps to show (maps/<kind>.nc); make one with `geodbk predict --model "
+                             f"{files.model(kind)} --out {files.map_netcdf(kind)}`")
+
+
 @dataclass
 class Catalog:
     """The fits found in the run folders, and why a folder or a model file was skipped."""
@@ -160,8 +190,7 @@ class Catalog:
         catalog = cls()
         for run in runs:
             files = RunFolder(run)
-            pattern = files.model("*")  # <run>/models/*.pt
-            models = sorted(pattern.parent.glob(pattern.name)) if run.is_dir() else []
+            models = model_files(run)
             if not files.dataset.exists() or not models:
                 catalog.problems.append(f"`{run}` is not a run folder (no dataset.parquet or models/*.pt)")
                 continue
