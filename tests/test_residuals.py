@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from geodbk.dataset.coords import ProjectedTransform
+from geodbk.fit import kernel_search
 from geodbk.fit.kernel_search import AreaTerm, KernelCriterion
 from geodbk.fit.residual_choice import ValidationRows, pseudo_forecast_rate
 from geodbk.fit.residuals import NEIGHBOUR_METRES_PER_YEAR, LocalKernel, ResidualField
@@ -187,7 +188,7 @@ def test_payload_round_trip_through_torch_save(small, tmp_path):
     rng = np.random.default_rng(3)
     query = np.column_stack([SAN_JUAN[0] + rng.uniform(-0.03, 0.03, 50), SAN_JUAN[1] + rng.uniform(-0.03, 0.03, 50)])
     when = rng.uniform(2021.0, 2024.5, 50)
-    for ours, theirs in zip(field.condition(query, when), back.condition(query, when)):
+    for ours, theirs in zip(field.condition(query, when), back.condition(query, when), strict=True):
         np.testing.assert_array_equal(theirs, ours)
     np.testing.assert_array_equal(back.variance_factor(query, when), field.variance_factor(query, when))
     assert np.ptp(field.variance_factor(query, when)) > 0.1  # the factor is not all ones
@@ -253,7 +254,7 @@ def synthetic():
 def test_synthetic_draw_has_the_kernel_covariance(synthetic):
     """A check of the fixture's Kronecker draw: same-tile covariances at lags 0 and 7 quarters
     match the kernel (350 tiles: about +-8% sampling error)."""
-    lonlat, years, residual, noise_var = (np.concatenate(a) for a in zip(*synthetic.values()))
+    lonlat, years, residual, noise_var = (np.concatenate(a) for a in zip(*synthetic.values(), strict=True))
     order = np.lexsort((years, lonlat[:, 1], lonlat[:, 0]))
     grid = residual[order].reshape(350, 8)  # tiles x quarters
     assert (lonlat[order].reshape(350, 8, 2) == lonlat[order][::8, None, :]).all()
@@ -321,7 +322,7 @@ def test_fit_recovers_separate_scales_of_tile_and_test_noise(synthetic):
         residual = residual + np.sqrt(TRUE_TEST_SCALE * test_var) * rng.standard_normal(len(residual))
         parts[name] = (lonlat, years, residual, noise_var, test_var)
     (*train, train_u) = parts["train"]
-    *val, val_u = (np.concatenate(a) for a in zip(parts["val"], parts["test"]))
+    *val, val_u = (np.concatenate(a) for a in zip(parts["val"], parts["test"], strict=True))
     split = ResidualField.fit(*train, *val, train_test_var=train_u, val_test_var=val_u)
     one = ResidualField.fit(*train[:3], train[3] + train_u, *val[:3], val[3] + val_u)
     # seen: s_t 1.46; one scale: 1.11 on both parts. s itself trades places with a tile part
@@ -596,7 +597,7 @@ def test_area_criterion_is_the_nll_of_area_condition(small, monkeypatch):
     groups = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
     gp_var = np.array([0.01, 0.02, 0.005, 0.03])
     term = AreaTerm.build(field, AreaGroups(rows, groups, gp_var), lonlat, when, val_residual, val_test_var)
-    criterion = KernelCriterion(field, None, term)
+    criterion = KernelCriterion(field, None, term, prior_rows=0)
     for kernel in (KERNEL, dataclasses.replace(KERNEL, local_var=0.08, range_m=3000.0, test_noise_scale=1.4)):
         field.kernel = kernel
         w = 1.0 / np.bincount(groups)[groups]
@@ -730,7 +731,7 @@ def test_a_field_saved_before_the_test_noise_scale_loads_as_it_was(small):
     back = ResidualField.from_payload(old)
     assert back.kernel.test_noise_scale == KERNEL.variance_scale and not back.test_var.any()
     lonlat = quadkey_centres(q_keys)
-    for ours, theirs in zip(field.condition(lonlat, q_years), back.condition(lonlat, q_years)):
+    for ours, theirs in zip(field.condition(lonlat, q_years), back.condition(lonlat, q_years), strict=True):
         np.testing.assert_array_equal(theirs, ours)
 
 
@@ -891,10 +892,12 @@ def stored_fit_inputs():
     return train, val, test_var, areas
 
 
-def test_a_small_fit_gives_its_stored_numbers():
+def test_a_small_fit_gives_its_stored_numbers(monkeypatch):
     """A fit with areas, a forecast rate and a volatility, and every product of the fitted field,
     against numbers stored from the code before issue 36 split residuals.py (the split left them
-    bit-identical). 1e-10, not 0: another BLAS may round the optimiser's path differently."""
+    bit-identical). 1e-10, not 0: another BLAS may round the optimiser's path differently. The
+    stored numbers predate the kernel prior, so it is off here."""
+    monkeypatch.setattr(kernel_search, "PRIOR_ROWS", 0.0)
     train, val, test_var, areas = stored_fit_inputs()
     field = ResidualField.fit(*train, *val, train_test_var=test_var[:600], val_test_var=test_var[600:],
                               val_areas=areas)
@@ -927,3 +930,21 @@ def test_a_small_fit_gives_its_stored_numbers():
     }
     for name, values in stored.items():
         np.testing.assert_allclose(got[name], values, rtol=1e-10, atol=1e-15, err_msg=name)
+
+
+def test_the_kernel_prior_holds_a_small_validation_set_near_the_defaults(monkeypatch):
+    """With 40 validation rows the search without the prior moves the log hyperparameters far
+    from the defaults; the prior (worth 30 rows) keeps them nearer, and with the 300 rows its
+    pull is smaller than with 40."""
+    train, val, test_var, _ = stored_fit_inputs()
+    default = LocalKernel().to_vector()
+
+    def distance(n_val: int, prior_rows: float) -> float:
+        monkeypatch.setattr(kernel_search, "PRIOR_ROWS", prior_rows)
+        part = tuple(a[:n_val] for a in val)
+        field = ResidualField.fit(*train, *part, train_test_var=test_var[:600], val_test_var=test_var[600:600 + n_val])
+        return float(np.linalg.norm(field.kernel.to_vector() - default))
+
+    free, held = distance(40, 0.0), distance(40, 30.0)
+    assert held < 0.7 * free
+    assert distance(300, 0.0) - distance(300, 30.0) < free - held

@@ -172,18 +172,36 @@ class AreaTerm:
         return gaussian_nll(self.observed, area_mean, var).mean()
 
 
+#: A weak prior that holds a small validation set's kernel near the defaults: independent
+#: Gaussians on the log hyperparameters, centred on :class:`LocalKernel`'s defaults with sd
+#: ``PRIOR_SD`` (a factor e^2 either way), worth ``PRIOR_ROWS`` validation rows of evidence (the
+#: criterion is a mean over rows, so the prior's share is PRIOR_ROWS / rows). With 100-300
+#: validation rows the search ran to its bounds (range 10 km on an island 30 km long, a time
+#: scale of 20 years) and the field then hurt the held-out rows. Chosen on crops of the samples
+#: (benchmarks/bench_regions.py, six crops of 1-7k rows, the validation rows held out of a fit
+#: whose own validation rows were cut from training): weight 3 / 10 / 30 / 100 moved the NLL by
+#: -0.002 / -0.008 / -0.014 / -0.012 on the random split and -0.002 / -0.002 / -0.001 / +0.004
+#: on spatial-block; the same for PR and HI (3,000 validation rows used): +0.001 to +0.003,
+#: within a seed's noise (docs/small-regions.md).
+PRIOR_SD = 2.0
+PRIOR_ROWS = 30.0
+
+
 class KernelCriterion:
     """The validation criterion of a local kernel: the tile NLL plus the area NLL (either may be
     left out).
 
     Call it with (7,) log hyperparameters (a float64 tensor, :class:`LocalKernel` field order);
-    :meth:`value_and_gradient` is the form scipy's optimisers take.
+    :meth:`value_and_gradient` is the form scipy's optimisers take. ``prior_rows`` weighs the
+    prior on the hyperparameters (default :data:`PRIOR_ROWS`; 0 leaves it out).
     """
 
-    def __init__(self, field: ResidualField, tiles: TileTerm | None, areas: AreaTerm | None = None) -> None:
+    def __init__(self, field: ResidualField, tiles: TileTerm | None, areas: AreaTerm | None = None,
+                 prior_rows: float | None = None) -> None:
         if tiles is None and areas is None:
             raise ValueError("a kernel criterion needs tiles, areas or both")
         self.field, self.tiles, self.areas = field, tiles, areas
+        self.prior_rows = PRIOR_ROWS if prior_rows is None else prior_rows
         self.hoods = Neighbourhoods.concat([term.hoods for term in (tiles, areas) if term is not None])
         self._n_tiles = 0 if tiles is None else len(tiles.hoods)
         assert field.test_var is not None  # set by ResidualField.__post_init__
@@ -201,6 +219,9 @@ class KernelCriterion:
             total = total + self.tiles.nll(kernel, mean[:n], conditional[:n])
         if self.areas is not None:
             total = total + self.areas.nll(kernel, mean[n:], weights[n:])
+        if self.prior_rows > 0:
+            z = (log_values - _tensor(LocalKernel().to_vector())) / PRIOR_SD
+            total = total + self.prior_rows * 0.5 * (z**2).sum() / max(n, 1)
         return total
 
     def value_and_gradient(self, vector: np.ndarray) -> tuple[float, np.ndarray]:
