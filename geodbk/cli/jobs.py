@@ -49,6 +49,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from geodbk.errors import InputDataError
+    from geodbk.viewer.catalog import check_run_folder
 
     app = Path(__file__).resolve().parents[2] / "apps" / "dashboard.py"
     if not app.exists():
@@ -71,10 +72,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
         read_polygons(args.polygons, what="polygon")  # refused here in one line, not on the page
         cmd += ["--polygons", str(Path(args.polygons).resolve())]
-    missing = [run for run in runs if not (Path(run) / "dataset.parquet").exists()]
-    if missing:
-        print(f"geodbk serve: no run folder at {', '.join(missing)}; build one with "
-              "`geodbk demo --out outputs/demo` (the page says so too)", file=sys.stderr)
+    for run in runs:
+        check_run_folder(Path(run))  # refused here in one line, before the server starts
     print(f"geodbk serve: http://{args.address}:{args.port}/dashboard (Ctrl-C to stop)", file=sys.stderr, flush=True)
     if os.name == "posix":  # become the server, so that signals (Ctrl-C, kill) reach it directly
         os.execv(sys.executable, cmd)
