@@ -189,8 +189,9 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _check_demo_maps(config: Any, *, allow: bool) -> None:
     """Before any fitting, refuse what ``geodbk predict`` would refuse of the demo's maps: a grid
-    too large to hold, and (unless ``allow``) a map or change quarter too far from the quarters
-    the models will be fitted on (:func:`geodbk.dataset.domain.quarter_report`)."""
+    too large to hold, a grid with no cell inside the region, a change of a quarter to itself,
+    and (unless ``allow``) a map or change quarter too far from the quarters the models will be
+    fitted on (:func:`geodbk.dataset.domain.quarter_report`)."""
     import numpy as np
     import pandas as pd
 
@@ -201,7 +202,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     from geodbk.errors import InputDataError
     from geodbk.ingest.regions import load_region
     from geodbk.maps.geometry import RegularGrid
-    from geodbk.maps.schema import GridLayers, check_grid_size
+    from geodbk.maps.schema import GridLayers, check_cells_inside, check_change, check_grid_size
     from geodbk.maps.thresholds import Benchmark
 
     pairs = parse_quarters(list(config.quarters)) if config.quarters else None
@@ -215,6 +216,9 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
                         np.zeros((3, 2)), pair, "upload" if pair else None)
     grid = RegularGrid.over(load_region(config.region), config.resolution, crs=config.map_crs)
     check_grid_size(grid, layers.values_per_cell(), lift="map it with geodbk predict --max-cells")
+    check_cells_inside(grid)
+    if config.change is not None:
+        check_change(*config.change)
     asked = [q for q in (config.map_quarter, *(config.change or ())) if q is not None]
     if config.protocol == "paper" or not asked:
         return

@@ -2,6 +2,8 @@
 
 * ``serve --run`` on a missing folder, a file, or a ``geodbk fit`` folder without maps started the
   server; it now exits at once with one line (``geodbk.viewer.catalog.check_run_folder``).
+* ``demo --resolution 1e300`` (no cell inside the region) and ``demo --change 2023Q4:2023Q4`` were
+  refused after the fitting, or not at all; they are now refused before it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,22 @@ def test_serve_refuses_a_run_it_cannot_show_before_the_server_starts(root, make,
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith("geodbk serve: error:") and phrase in lines[0], lines
+
+
+# --- demo: an empty grid or a change of a quarter to itself, before the fitting -----------------
+@pytest.mark.parametrize(("extra", "phrase"), [
+    (("--resolution", "1e300"), "finer --resolution"),
+    (("--change", "2023Q4:2023Q4"), "two different quarters"),
+], ids=["resolution 1e300", "change of a quarter to itself"])
+def test_demo_refuses_a_meaningless_map_before_fitting(hostile, root, monkeypatch, extra, phrase):
+    import geodbk.workflow
+
+    def fitted(*args, **kwargs):
+        pytest.fail("the demo started fitting")
+
+    monkeypatch.setattr(geodbk.workflow, "run_demo", fitted)
+    start = time.perf_counter()
+    outcome = hostile(["demo", "--out", str(root / "out" / "demo"), "--no-progress", *extra], root, expect="refused")
+    assert phrase in outcome.stderr[-1], outcome.stderr[-1]
+    assert time.perf_counter() - start < 30
+    assert not (root / "out" / "demo").exists()
