@@ -41,8 +41,8 @@ import re
 import threading
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +56,9 @@ from geodbk.ingest.formats import HEAD_BYTES, check_head, format_of
 ZIP_LAYER_SUFFIXES = ((".shp",), (".geojson", ".json"))
 #: Bytes read at a time from a file or zip member (at least :data:`HEAD_BYTES`).
 CHUNK_BYTES = 1 << 20
+#: Most members a zip may hold (a shapefile is 3 to 8 of them): each layer member is checked and
+#: read on its own, and a 300 KB zip of 3,000 empty GeoJSON files took 34 s to refuse.
+MAX_ZIP_MEMBERS = 256
 
 #: GDAL configuration while it reads a user's file. No ``/vsicurl/``-family path (``/vsis3/``,
 #: ``/vsiwebhdfs/``, ...) is taken to exist, because the one allowed file name is empty; every
@@ -187,17 +190,32 @@ def checked_path(path: str | Path, what: str) -> Path:
     return path
 
 
+def _open_zip(path: Path) -> zipfile.ZipFile:
+    """Zip file ``path``, open for reading.
+
+    Raises:
+        InputDataError: not a readable zip.
+    """
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise InputDataError(f"cannot read zip file {path}: {err}") from err
+
+
 def zip_layers(path: Path, what: str) -> list[str]:
     """The members of zip ``path`` that hold layers: its shapefiles, else its GeoJSON files.
 
     Raises:
-        InputDataError: not a readable zip, or it holds neither.
+        InputDataError: not a readable zip, more than :data:`MAX_ZIP_MEMBERS` members, or it
+            holds neither.
     """
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError) as err:
-        raise InputDataError(f"cannot read zip file {path}: {err}") from err
+    with _open_zip(path) as archive:
+        names = archive.namelist()
+    if len(names) > MAX_ZIP_MEMBERS:
+        raise InputDataError(
+            f"{what} zip file {path} holds {len(names):,} members, more than the {MAX_ZIP_MEMBERS} geodbk reads; "
+            "give a zip of one shapefile or a few GeoJSON files"
+        )
     for suffixes in ZIP_LAYER_SUFFIXES:
         members = sorted(n for n in names if n.lower().endswith(suffixes) and not n.startswith("__MACOSX/"))
         if members:
@@ -215,10 +233,10 @@ def _file_chunks(path: Path, label: str) -> Iterator[bytes]:
         raise InputDataError(f"cannot read {label}: {err.strerror or err}") from err
 
 
-def _member_chunks(path: Path, member: str) -> Iterator[bytes]:
-    """The bytes of zip member ``member`` of ``path``, :data:`CHUNK_BYTES` at a time."""
+def _member_chunks(archive: zipfile.ZipFile, path: Path, member: str) -> Generator[bytes, None, None]:
+    """The bytes of member ``member`` of ``archive`` (zip file ``path``), :data:`CHUNK_BYTES` at a time."""
     try:
-        with zipfile.ZipFile(path) as archive, archive.open(member) as file:
+        with archive.open(member) as file:
             while chunk := file.read(CHUNK_BYTES):
                 yield chunk
     except (zipfile.BadZipFile, OSError, ValueError, RuntimeError, EOFError, zlib.error) as err:
@@ -263,6 +281,24 @@ def _gpkg_layers(uri: str, label: str) -> list[str]:
     return names
 
 
+def _zip_member_layers(path: Path, what: str, label: str) -> list[_Layer]:
+    """The layers of zip ``path`` (:func:`zip_layers`), each member's content checked by
+    :func:`_check_content`, the zip opened once for them all.
+
+    Raises:
+        InputDataError: as :func:`zip_layers`, or a member refused.
+    """
+    layers = []
+    members = zip_layers(path, what)
+    with _open_zip(path) as archive:
+        for member in members:
+            member_fmt, member_label = format_of(member, what), f"{member} in {label}"
+            with closing(_member_chunks(archive, path, member)) as chunks:
+                _check_content(chunks, member_fmt, member_label)
+            layers.append(_Layer(f"{path}/{member}", f"/vsizip/{path.resolve()}/{member}", member_fmt, member_label))
+    return layers
+
+
 def _layers(path: str | Path, what: str) -> list[_Layer]:
     """The layers of ``path``, checked (see the module docstring) but not read."""
     path = checked_path(path, what)
@@ -277,12 +313,7 @@ def _layers(path: str | Path, what: str) -> list[_Layer]:
         if len(names) == 1:
             return [_Layer(str(path), uri, fmt, label, names[0])]
         return [_Layer(f"{path}/{name}", uri, fmt, f"layer {name!r} of {label}", name) for name in names]
-    layers = []
-    for member in zip_layers(path, what):
-        member_fmt, member_label = format_of(member, what), f"{member} in {label}"
-        _check_content(_member_chunks(path, member), member_fmt, member_label)
-        layers.append(_Layer(f"{path}/{member}", f"/vsizip/{path.resolve()}/{member}", member_fmt, member_label))
-    return layers
+    return _zip_member_layers(path, what, label)
 
 
 def _read(layer: _Layer) -> gpd.GeoDataFrame:
@@ -331,6 +362,7 @@ def read_vector(path: str | Path, what: str) -> gpd.GeoDataFrame:
 
 __all__ = [
     "CHUNK_BYTES",
+    "MAX_ZIP_MEMBERS",
     "NETWORK_OFF",
     "ZIP_LAYER_SUFFIXES",
     "check_geojson_crs",
