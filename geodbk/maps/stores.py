@@ -18,6 +18,7 @@ file, so Dask workers can each write their own blocks into the staged store
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
@@ -29,6 +30,17 @@ import xarray as xr
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import ZARR_STORE, StagedPath, write_failure
+
+#: Zarr v3 data types of the arrays a grid holds: numbers, booleans, times and text.
+_ZARR3_GRID_TYPES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
+    "complex64", "complex128", "numpy.datetime64", "numpy.timedelta64", "string", "fixed_length_utf32",
+    "null_terminated_bytes",
+})
+#: Zarr v2 object codecs of text: the one kind of object array a grid holds.
+_ZARR2_TEXT_CODECS = frozenset({"vlen-utf8", "vlen-bytes"})
+#: Largest array metadata file read (a grid's are a few hundred bytes).
+_MAX_ZARR_METADATA_BYTES = 1 << 20
 
 
 def grid_encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
@@ -218,14 +230,69 @@ class NetCDFSink:
         return open_grid(self.staged.commit())
 
 
+def _zarr_type_problem(meta: dict[str, Any], *, v3: bool) -> str | None:
+    """How a Zarr array's metadata (a v3 ``zarr.json`` or v2 ``.zarray``) names a data type that
+    a grid does not hold, or None for numbers, booleans, times and text (its ``quarter`` and
+    ``ref`` labels)."""
+    if v3:
+        dtype = meta.get("data_type")
+        name = dtype.get("name") if isinstance(dtype, dict) else dtype
+        return None if name in _ZARR3_GRID_TYPES else repr(name)
+    dtype = meta.get("dtype")
+    try:
+        kind = np.dtype(dtype).kind
+    except (TypeError, ValueError, OverflowError):
+        return repr(dtype)
+    if kind == "O":  # objects are text through a text codec, never e.g. a pickle
+        filters = meta.get("filters")
+        first = filters[0] if isinstance(filters, list) and filters else None
+        codec = first.get("id") if isinstance(first, dict) else None
+        return None if codec in _ZARR2_TEXT_CODECS else f"{dtype!r} (objects, codec {codec})"
+    return None if kind in "biufcmMUS" else repr(dtype)
+
+
+def _check_zarr_types(path: Path) -> None:
+    """Refuse a Zarr store with an array that is not numbers, times or text, from the metadata
+    of its arrays, before zarr opens it (zarr refuses an object array too, but its pending
+    asyncio tasks then print tracebacks at exit).
+
+    Raises:
+        InputDataError: such an array, or array metadata that is not a JSON object of at most
+            :data:`_MAX_ZARR_METADATA_BYTES`.
+    """
+    for meta_path in sorted([*path.glob("*/.zarray"), *path.glob("*/zarr.json")]):
+        name = meta_path.parent.name
+        try:
+            small = meta_path.stat().st_size <= _MAX_ZARR_METADATA_BYTES
+            meta = json.loads(meta_path.read_bytes()) if small else None
+        except OSError as err:
+            raise InputDataError(f"cannot read grid {path}: variable {name}: {err.strerror or err}") from None
+        except (ValueError, RecursionError):
+            meta = None
+        if not isinstance(meta, dict):
+            raise InputDataError(f"grid {path}: the {meta_path.name} of variable {name} is not Zarr metadata")
+        v3 = meta_path.name == "zarr.json"
+        problem = None if v3 and meta.get("node_type") != "array" else _zarr_type_problem(meta, v3=v3)
+        if problem is not None:
+            raise InputDataError(f"grid {path}: variable {name} is of type {problem}, not numbers, times or text")
+
+
 def open_grid(path: str | Path) -> xr.Dataset:
     """Open a grid written by :func:`geodbk.maps.predict.predict_grid` or :mod:`geodbk.io.cubes`
-    (NetCDF or Zarr), lazily."""
+    (NetCDF or Zarr), lazily.
+
+    Raises:
+        InputDataError: no grid at ``path``, an unreadable one, or a Zarr store with a variable
+            that is not numbers, times or text.
+    """
     path = Path(path)
     if not path.exists():
         raise InputDataError(f"no grid at {path}")
+    zarr = path.suffix == ".zarr" or path.is_dir()
+    if zarr:
+        _check_zarr_types(path)
     try:
-        if path.suffix == ".zarr" or path.is_dir():
+        if zarr:
             ds = xr.open_zarr(path, decode_coords="all", consolidated=False)
         else:
             ds = xr.open_dataset(path, decode_coords="all")

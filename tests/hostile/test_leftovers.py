@@ -6,11 +6,16 @@
   refused after the fitting, or not at all; they are now refused before it.
 * A zip of 3,000 empty GeoJSON files as ``--region`` or ``--tiles`` took half a minute to refuse;
   a zip of more than 256 members is now refused at once.
+* A Zarr v2 grid with a pickled object variable was refused, then asyncio printed tracebacks of
+  its pending tasks at exit; it is now refused from its metadata, before zarr opens it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,11 +23,15 @@ import time
 import zipfile
 from pathlib import Path
 
+import numcodecs
+import numpy as np
 import pandas as pd
 import pytest
+import xarray as xr
 
 from geodbk.cli import main
 
+COARSE = ("--resolution", "0.1", "--no-progress")
 RAW = ["quadkey", "year", "quarter", "service", "avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices"]
 #: Seconds a refused ``serve`` may take (imports included): a started server runs until killed.
 SERVE_TIMEOUT_S = 90
@@ -30,12 +39,20 @@ SERVE_TIMEOUT_S = 90
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory, pr_dataset, pr_tiles_2023q4) -> Path:
-    """A ``geodbk fit`` run folder of an sv-rbf model (no maps), its dataset, a small tile file, and a
-    folder for outputs."""
+    """A ``geodbk fit`` run folder of an sv-rbf model (no maps), its grid as NetCDF (with a
+    reference point, so it holds text labels) and as a Zarr v2 store, a small tile file, and
+    a folder for outputs."""
     root = tmp_path_factory.mktemp("hostile-leftovers")
     pr_dataset.save(root / "dataset.parquet")
     assert main(["fit", "--dataset", str(root / "dataset.parquet"), "--out", str(root / "fit-run"), "--models",
                  "sv-rbf", "--epochs", "1", "--hidden", "16", "--rank", "16", "--no-progress"]) == 0
+    assert main(["predict", "--model", str(root / "fit-run" / "models" / "sv-rbf.pt"), "--out", str(root / "grid.nc"),
+                 "--ref", "a:-66.1,18.4", *COARSE]) == 0
+    with xr.open_dataset(root / "grid.nc", decode_coords="all") as grid:
+        for name in grid.variables:  # the NetCDF encoding is not Zarr's; keep the CRS link
+            mapping = grid[name].encoding.get("grid_mapping")
+            grid[name].encoding = {"grid_mapping": mapping} if mapping else {}
+        grid.to_zarr(root / "v2.zarr", zarr_format=2, mode="w", consolidated=False)
     pd.DataFrame(pr_tiles_2023q4[RAW].iloc[::20]).reset_index(drop=True).to_parquet(root / "tiles.parquet")
     (root / "out").mkdir()
     return root
@@ -104,3 +121,45 @@ def test_a_zip_of_thousands_of_members_is_refused_at_once(hostile, root, many, o
                       expect="refused")
     assert time.perf_counter() - start < 5
     assert "3,000 members, more than the 256" in outcome.stderr[-1], outcome.stderr[-1]
+
+
+# --- a Zarr grid with a pickled variable -------------------------------------------------------
+def _object_variable(store: Path, codec: str) -> None:
+    """Add to Zarr v2 ``store`` a variable ``label`` of two strings, as Python objects through
+    ``codec``: ``"pickle"`` or the text codec ``"vlen-utf8"``."""
+    (store / "label").mkdir()
+    labels = np.array(["a", "b"], dtype=object)
+    meta = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": "|O", "compressor": None, "fill_value": None,
+            "filters": [{"id": codec}], "order": "C", "dimension_separator": "."}
+    (store / "label" / ".zarray").write_text(json.dumps(meta))
+    (store / "label" / ".zattrs").write_text(json.dumps({"_ARRAY_DIMENSIONS": ["label"]}))
+    chunk = pickle.dumps(labels, protocol=4) if codec == "pickle" else numcodecs.VLenUTF8().encode(labels)
+    (store / "label" / "0").write_bytes(chunk)
+
+
+def test_a_zarr_grid_of_pickled_objects_is_refused_in_one_line(root, tmp_path):
+    store = tmp_path / "pickled.zarr"
+    shutil.copytree(root / "v2.zarr", store)
+    _object_variable(store, "pickle")
+    argv = [sys.executable, "-m", "geodbk", "export", "--grid", str(store), "--netcdf", str(tmp_path / "g.nc")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("geodbk export: error:") and "variable label" in lines[0] and "'|O'" in lines[0]
+    assert not (tmp_path / "g.nc").exists()
+
+
+def test_zarr_grids_with_text_labels_are_still_read(hostile, root, tmp_path):
+    store = tmp_path / "text.zarr"
+    shutil.copytree(root / "v2.zarr", store)
+    _object_variable(store, "vlen-utf8")
+    hostile(["export", "--grid", str(store), "--netcdf", str(tmp_path / "v2.nc")], tmp_path, may_change=[tmp_path],
+            expect="ok")
+    with xr.open_dataset(tmp_path / "v2.nc") as grid:
+        assert list(grid["label"].values) == ["a", "b"] and list(grid["ref"].values) == ["a"]
+    hostile(["export", "--grid", str(root / "grid.nc"), "--zarr", str(tmp_path / "v3.zarr")], tmp_path,
+            may_change=[tmp_path], expect="ok")
+    hostile(["export", "--grid", str(tmp_path / "v3.zarr"), "--netcdf", str(tmp_path / "v3.nc")], tmp_path,
+            may_change=[tmp_path], expect="ok")
+    with xr.open_dataset(tmp_path / "v3.nc") as grid:
+        assert list(grid["ref"].values) == ["a"]
