@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from geodbk import paths
 from geodbk.errors import DownloadError, ResourceLimitError
 from geodbk.fileio import atomic_path
-from geodbk.ingest.formats import FORMATS, head_matches, read_head
+from geodbk.ingest.formats import FORMATS, describe_head, head_matches, read_head
 
 #: Bytes read from the server per chunk (at most 1 MiB).
 _CHUNK = 1 << 20
@@ -141,10 +141,10 @@ def fetch(url: str, cache_dir: str | Path | None = None, *, timeout: float = 60.
             if total is not None and received < total:
                 raise DownloadError(f"cannot download {url}: connection closed after {received} of {total} bytes")
             out.flush()
-            if fmt is not None and not head_matches(read_head(tmp), fmt):
+            if fmt is not None and not head_matches(head := read_head(tmp), fmt):  # described, none of it quoted
                 raise DownloadError(
                     f"cannot download {url}: the server sent a body that is not a {fmt} file "
-                    f"(it starts with {read_head(tmp)[:16]!r}); nothing was cached"
+                    f"({describe_head(head)}); nothing was cached"
                 )
     except (DownloadError, ResourceLimitError):
         raise

@@ -8,6 +8,8 @@
   a zip of more than 256 members is now refused at once.
 * A Zarr v2 grid with a pickled object variable was refused, then asyncio printed tracebacks of
   its pending tasks at exit; it is now refused from its metadata, before zarr opens it.
+* A download that is not the file it claims quoted its first 16 bytes in the refusal; it now says
+  what it looks like and quotes none of it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ COARSE = ("--resolution", "0.1", "--no-progress")
 RAW = ["quadkey", "year", "quarter", "service", "avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices"]
 #: Seconds a refused ``serve`` may take (imports included): a started server runs until killed.
 SERVE_TIMEOUT_S = 90
+#: Passwd-like text a server sends for a Parquet file: no refusal may quote it.
+SECRET = b"root:x:0:0:root:/root:/bin/bash\n"
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +167,17 @@ def test_zarr_grids_with_text_labels_are_still_read(hostile, root, tmp_path):
             may_change=[tmp_path], expect="ok")
     with xr.open_dataset(tmp_path / "v3.nc") as grid:
         assert list(grid["ref"].values) == ["a"]
+
+
+# --- a download that is not the file it claims ---------------------------------------------------
+def test_a_bad_download_is_described_not_quoted(hostile, root, loopback, tmp_path):
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "tiles_2023Q4_mobile.parquet").write_bytes(SECRET)
+    base, requests = loopback(www)
+    outcome = hostile(["ingest", "--tiles", f"{base}/tiles_2023Q4_mobile.parquet", "--region", "HI", "--cache-dir",
+                       str(tmp_path / "cache"), "--out", str(root / "out" / "d.parquet")], root, expect="refused")
+    assert requests == ["/tiles_2023Q4_mobile.parquet"]
+    assert "not a Parquet file (it starts with text)" in outcome.stderr[-1], outcome.stderr[-1]
+    assert "root:x" not in outcome.stderr[-1]
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
