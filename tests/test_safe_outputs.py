@@ -202,11 +202,11 @@ def test_fit_checks_its_output_before_training(knn_run, tmp_path, monkeypatch, c
 
 
 def test_fit_waits_for_the_run_folders_lock_then_refuses(knn_run, tmp_path, monkeypatch, capsys) -> None:
-    import geodbk.workflow
+    import geodbk.io.run_folder
 
     w = copy_run(knn_run, tmp_path)
     before = {p: p.read_bytes() for p in (w / "run").rglob("*") if p.is_file()}
-    monkeypatch.setattr(geodbk.workflow, "RUN_LOCK_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(geodbk.io.run_folder, "RUN_LOCK_TIMEOUT_S", 0.5)
     with folder_lock(w / "run", timeout_s=0):
         assert main(fit_argv(w)) == 2
     err = capsys.readouterr().err.strip().splitlines()

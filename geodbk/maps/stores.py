@@ -298,6 +298,9 @@ def open_grid(path: str | Path) -> xr.Dataset:
             ds = xr.open_dataset(path, decode_coords="all")
     except (OSError, ValueError) as err:
         raise InputDataError(f"cannot open grid {path}: {err}") from None
+    except KeyError as err:  # xarray's Zarr backend: an array that does not name its dimensions
+        why = f"it is not a store xarray wrote (no {err} in its metadata)"
+        raise InputDataError(f"cannot open grid {path}: {why}") from None
     return ds
 
 

@@ -169,6 +169,17 @@ def test_zarr_grids_with_text_labels_are_still_read(hostile, root, tmp_path):
         assert list(grid["ref"].values) == ["a"]
 
 
+def test_a_zarr_grid_whose_arrays_name_no_dimensions_is_refused_in_one_line(hostile, root, tmp_path):
+    """A store written by zarr alone (no ``_ARRAY_DIMENSIONS``): xarray's KeyError was an internal error."""
+    store = tmp_path / "bare.zarr"
+    shutil.copytree(root / "v2.zarr", store)
+    for attrs in store.glob("*/.zattrs"):
+        attrs.write_text("{}")
+    outcome = hostile(["export", "--grid", str(store), "--netcdf", str(tmp_path / "g.nc")], tmp_path, expect="refused")
+    assert "not a store xarray wrote" in outcome.stderr[-1], outcome.stderr[-1]
+    assert not (tmp_path / "g.nc").exists()
+
+
 # --- a download that is not the file it claims ---------------------------------------------------
 def test_a_bad_download_is_described_not_quoted(hostile, root, loopback, tmp_path):
     www = tmp_path / "www"
