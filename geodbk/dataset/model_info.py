@@ -11,9 +11,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import shapely
+import shapely.errors
 from shapely.geometry.base import BaseGeometry
 
+from geodbk.dataset.spatial_dataset import POLYGONAL, dropped_by_ingest
+from geodbk.dataset.targets import TARGETS
 from geodbk.errors import InputDataError
 from geodbk.ingest.regions import Region
 
@@ -83,7 +87,8 @@ class ModelInfo:
         """Read the mapping of a model file of any version; missing facts take the defaults above.
 
         Raises:
-            InputDataError: without a ``kind``.
+            InputDataError: without a ``kind``, with facts of the wrong type, an unknown target or
+                units, or a fitted region that is not a polygon.
         """
         if not mapping.get("kind"):
             raise InputDataError("the model facts name no model kind")
@@ -93,11 +98,35 @@ class ModelInfo:
             return getattr(cls, name) if value is None else value
 
         wkb = mapping.get("region_wkb_hex")
-        return cls(
-            kind=str(mapping["kind"]), target=str(given("target")), units=str(given("units")),
-            service=str(given("service")), region=str(given("region")),
-            region_wkb_hex=None if wkb is None else str(wkb),
-            quarters=tuple(str(q) for q in mapping.get("quarters") or ()), protocol=str(given("protocol")),
-            split=str(given("split")), n_train=int(given("n_train")),
-            local_residuals=bool(given("local_residuals")), posterior=str(given("posterior")),
-        )
+        try:
+            info = cls(
+                kind=str(mapping["kind"]), target=str(given("target")), units=str(given("units")),
+                service=str(given("service")), region=str(given("region")),
+                region_wkb_hex=None if wkb is None else str(wkb),
+                quarters=tuple(str(q) for q in mapping.get("quarters") or ()), protocol=str(given("protocol")),
+                split=str(given("split")), n_train=int(given("n_train")),
+                local_residuals=bool(given("local_residuals")), posterior=str(given("posterior")),
+            )
+            geometry = info.region_geometry
+        except (TypeError, ValueError, shapely.errors.ShapelyError) as err:
+            raise InputDataError(f"the model facts are damaged ({err})") from None
+        if info.target not in TARGETS or info.units != TARGETS[info.target][2]:
+            raise InputDataError(f"the model facts name target {info.target!r} in {info.units!r}; known: "
+                                 + ", ".join(f"{name} ({units})" for name, (_, _, units) in TARGETS.items()))
+        if geometry is not None and (geometry.is_empty or geometry.geom_type not in POLYGONAL):
+            raise InputDataError(f"the model facts hold a fitted region that is not a polygon ({geometry.geom_type})")
+        return info
+
+    def check_scaling(self, y_mean: float, y_std: float) -> None:
+        """Refuse a target standardisation (``y = log10`` of the target) that describes no tiles
+        ingest keeps: the typical value and one sd either side, ``10**(y_mean -/+ y_std)`` in the
+        target's units, must be values ingest keeps
+        (:func:`geodbk.dataset.spatial_dataset.dropped_by_ingest`: positive, at most its ceiling).
+
+        Raises:
+            InputDataError: otherwise (a tampered ``y_mean = 1e300`` mapped infinite speeds).
+        """
+        if dropped_by_ingest({self.target: np.array([y_mean - y_std, y_mean + y_std])}).any():
+            raise InputDataError(
+                f"its target scaling y_mean {y_mean:g}, y_std {y_std:g} puts {self.target} at 10^({y_mean:g} +/- "
+                f"{y_std:g}) {self.units}, beyond what ingest keeps: the file is damaged or tampered")

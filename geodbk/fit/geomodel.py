@@ -49,6 +49,7 @@ from geodbk.ingest.regions import Region
 from geodbk.maps.geometry import RegionLike, RegularGrid, area_sample
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.thresholds import DEFAULT
+from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import ChangePrediction, Prediction
 
 _FORMAT = "geodbk.fit.geomodel/2"
@@ -505,28 +506,53 @@ class GeoModel:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> GeoModel:
-        """Read a file written by :meth:`save` (or a first-format, time-free model file)."""
-        return cls._from_payload(read_payload(path, device), path, device)
+        """Read a file written by :meth:`save` (or a first-format, time-free model file), checked as
+        :meth:`_from_payload` says.
+
+        Raises:
+            InputDataError: in one line naming ``path``, for a file that is not a geodbk model, or
+                is damaged, tampered or relabelled.
+        """
+        payload = read_payload(path, device)
+        try:
+            return cls._from_payload(payload, device)
+        except InputDataError as err:
+            raise InputDataError(f"model file {path}: {err}") from None
 
     @classmethod
-    def _from_payload(cls, payload: dict[str, Any], path: str | Path, device: str | torch.device) -> GeoModel:
+    def _from_payload(cls, payload: dict[str, Any], device: str | torch.device) -> GeoModel:
+        """The model of ``payload`` (and of its other targets'), checked: the regressor as
+        :meth:`Regressor.from_payload` checks it, the same kind in the facts as in the weights, a
+        conjugate posterior only where the kind has one, and a target scaling that describes values
+        ingest keeps (:meth:`~geodbk.dataset.model_info.ModelInfo.check_scaling`)."""
         kind = payload.get("format")
         if kind == "geodbk.fit.geomodel/1":
             inputs = InputSpace(CoordinateTransform.from_dict(payload["transform"]), None, "paper")
         elif kind == _FORMAT:
             inputs = InputSpace.from_dict(payload["inputs"])
         else:
-            raise InputDataError(f"{path} is not a geodbk GeoModel file")
+            raise InputDataError("not a geodbk GeoModel file")
+        missing = [key for key in ("regressor", "meta") if not isinstance(payload.get(key), dict)]
+        if missing:
+            raise InputDataError(f"it has no {' or '.join(missing)} table: it is damaged")
+        regressor = Regressor.from_payload(payload["regressor"], device)
+        info = ModelInfo.from_dict({"kind": regressor.kind, **payload["meta"]})
+        if info.kind != regressor.kind:
+            raise InputDataError(f"its facts name kind {info.kind} and its weights {regressor.kind}: its kind was "
+                                 "changed")
+        if info.posterior == "conjugate" and not get_model_spec(info.kind).conjugate_posterior:
+            raise InputDataError(f"its {info.kind} weights have a conjugate posterior, which {info.kind} fits never "
+                                 "have: its kind was changed")
+        info.check_scaling(regressor.y_mean, regressor.y_std)
         support, residuals, tails = payload.get("support"), payload.get("residuals"), payload.get("tails")
         correlation = payload.get("correlation")  # None for a one-target model
         return cls(
-            regressor=Regressor.from_payload(payload["regressor"], device),
+            regressor=regressor,
             inputs=inputs,
-            info=ModelInfo.from_dict({"kind": payload["regressor"]["kind"], **payload["meta"]}),
+            info=info,
             support=None if support is None else support.cpu().numpy(),
             residuals=None if residuals is None else ResidualField.from_payload(residuals),
             tails=None if tails is None else MeasurementTails.from_payload(tails),
-            others={target: cls._from_payload(other, path, device)
-                    for target, other in payload.get("others", {}).items()},
+            others={target: cls._from_payload(other, device) for target, other in payload.get("others", {}).items()},
             correlation=None if correlation is None else TargetCorrelation.from_dict(correlation),
         )

@@ -8,9 +8,11 @@ and everything it returns is converted back to the original target units
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from geodbk.models.basis_gp import BasisGP
 from geodbk.models.config import ModelConfig, stored_model_config
 from geodbk.models.conjugate import ConjugateFit, fit_conjugate_posterior
 from geodbk.models.precision import Precision, check_precision
-from geodbk.models.zoo import get_model_spec
+from geodbk.models.zoo import available_models, get_model_spec
 from geodbk.prediction import Prediction
 
 
@@ -309,20 +311,33 @@ class Regressor:
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any], device: str | torch.device = "cpu") -> Regressor:
-        """Rebuild from :meth:`to_payload` output on ``device`` ("auto" allowed)."""
+        """Rebuild from :meth:`to_payload` output on ``device`` ("auto" allowed), checked first: a
+        known kind, a configuration no larger than the weights held (:func:`stored_model_config`),
+        weights that are finite and exactly those of the kind's model, and a usable target scaling.
+
+        Raises:
+            InputDataError: the payload fails a check (a damaged, tampered or relabelled file).
+        """
         if payload.get("format") != "geodbk.fit.regressor/1":
             raise InputDataError("not a geodbk regressor file (missing format tag)")
-        config = stored_model_config(payload["model_config"], payload["input_dim"], payload["state_dict"])
-        model = build_model(payload["kind"], payload["input_dim"], config)
-        model.load_state_dict(payload["state_dict"])
+        missing = [key for key in _PAYLOAD_KEYS if key not in payload]
+        if missing:
+            raise InputDataError(f"its regressor has no {', '.join(missing)}: it is damaged")
+        kind, state = payload["kind"], payload["state_dict"]
+        if kind not in available_models():
+            raise InputDataError(f"it names an unknown model kind {kind!r}; known: {', '.join(available_models())}")
+        config = stored_model_config(payload["model_config"], payload["input_dim"], state)
+        y_mean, y_std = _target_scaling(payload["y_mean"], payload["y_std"])
+        model = build_model(kind, payload["input_dim"], config)
+        _load_weights(kind, model, state)
         model.to(resolve_device(device)).eval()
         return cls(
-            kind=payload["kind"],
+            kind=kind,
             model=model,
             model_config=config,
             input_dim=payload["input_dim"],
-            y_mean=payload["y_mean"],
-            y_std=payload["y_std"],
+            y_mean=y_mean,
+            y_std=y_std,
             history=payload["history"],
             best_epoch=payload["best_epoch"],
             train_config=payload["train_config"],
@@ -334,8 +349,13 @@ class Regressor:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> Regressor:
-        """Read a file written by :meth:`save`; tensors are mapped to ``device``."""
-        return cls.from_payload(read_payload(path, device), device)
+        """Read a file written by :meth:`save`; tensors are mapped to ``device``. A file that is not a
+        geodbk regressor or fails a check of :meth:`from_payload` raises InputDataError naming ``path``."""
+        payload = read_payload(path, device)
+        try:
+            return cls.from_payload(payload, device)
+        except InputDataError as err:
+            raise InputDataError(f"model file {path}: {err}") from None
 
 
 def write_payload(payload: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> None:
@@ -365,6 +385,53 @@ def read_payload(path: str | Path, device: str | torch.device = "cpu") -> dict[s
     if not isinstance(payload, dict):
         raise InputDataError(f"{path} is not a geodbk model file")
     return payload
+
+
+#: The entries of a regressor payload besides its format tag (:meth:`Regressor.to_payload`).
+_PAYLOAD_KEYS = ("kind", "model_config", "input_dim", "y_mean", "y_std", "state_dict", "history", "best_epoch",
+                 "train_config")
+
+
+def _target_scaling(y_mean: Any, y_std: Any) -> tuple[float, float]:
+    """A model file's target standardisation as floats: finite numbers, ``y_std`` positive.
+
+    Raises:
+        InputDataError: otherwise (a tampered file: ``y_std = -1`` flipped and scaled every map).
+    """
+    numbers = all(isinstance(v, Real) and not isinstance(v, bool) for v in (y_mean, y_std))
+    if not (numbers and math.isfinite(y_mean) and math.isfinite(y_std) and y_std > 0):
+        raise InputDataError(f"its target scaling y_mean {y_mean!r}, y_std {y_std!r} is not a finite mean and a "
+                             "positive, finite sd: the file is damaged or tampered")
+    return float(y_mean), float(y_std)
+
+
+def _load_weights(kind: str, model: ZooModel, state: Any) -> None:
+    """Load stored weights ``state`` into ``model``, a fresh ``kind`` model, refusing weights that
+    are not exactly its tensors (other names, or shapes its loader does not take: a file whose kind
+    was changed fails here) or that hold NaN or infinite values (an all-NaN model mapped all-NaN).
+
+    Raises:
+        InputDataError: naming the first offending weight.
+    """
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise InputDataError("its weights are not a table of tensors: it is damaged")
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in state]
+    extra = [name for name in state if name not in expected]
+    if missing or extra:
+        found = "; ".join(f"{len(names)} {what}, e.g. {names[0]!r}" for names, what in (
+            (missing, "missing"), (extra, "unexpected")) if names)
+        raise InputDataError(f"its weights are not those of a {kind} model ({found}): it is damaged or its kind "
+                             "was changed")
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise InputDataError(f"its {kind} weight {name!r} holds NaN or infinite values: it is damaged; fit the "
+                                 "model again")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError:  # torch lists every size mismatch over many lines
+        raise InputDataError(f"its weights are not those of a {kind} model (some have other shapes): it is damaged "
+                             "or its kind was changed") from None
 
 
 def _row_slices(n: int, batch_size: int) -> Iterator[slice]:
