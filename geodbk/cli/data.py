@@ -14,6 +14,7 @@ from geodbk.cli.options import (
     check_positive,
     check_split_options,
     finite_float,
+    input_file,
 )
 
 
@@ -144,7 +145,8 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
         epilog="example: geodbk fit --dataset outputs/demo/dataset.parquet --models dbk-rbf,knn "
         "--split spatial-block --out runs/pr-blocks",
     )
-    p.add_argument("--dataset", required=True, metavar="PATH", help="dataset file (GeoParquet from geodbk)")
+    p.add_argument("--dataset", required=True, metavar="PATH", type=input_file,
+                   help="dataset file (GeoParquet from geodbk)")
     p.add_argument("--out", required=True, metavar="RUN", help="run folder to write")
     p.add_argument("--models", default="dbk-rbf,sv-rbf,sv-dkl,knn",
                    help="comma-separated model kinds (default dbk-rbf,sv-rbf,sv-dkl,knn); known: dbk-rbf, "

@@ -1,8 +1,11 @@
 """Options and checks shared by several ``geodbk`` subcommands.
 
 Every check raises :class:`geodbk.errors.InputDataError`, which :func:`geodbk.cli.main`
-prints as one line with exit status 2; :func:`finite_float` is an argparse type, so a
-non-finite value is an argparse error (one line, exit status 2) too. Heavy modules (torch,
+prints as one line with exit status 2; :func:`finite_float` and :func:`input_file` are argparse
+types, so a non-finite value or an input path that is not a regular file is an argparse error (one
+line, exit status 2) too. Every option that names an input file other than a vector file takes
+:func:`input_file` as its type; vector files (tiles, regions, polygons: paths or URLs) are checked
+by their reader, :func:`geodbk.ingest.vectorfiles.checked_path`. Heavy modules (torch,
 geopandas) are imported inside the functions, so ``geodbk --help`` stays fast.
 """
 
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import stat
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +33,31 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"needs a finite number, got {text!r}")
     return value
+
+
+#: What :func:`input_file` calls a path that is not a regular file, by its ``stat`` test.
+_NOT_FILES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def input_file(text: str) -> str:
+    """argparse type of an input path option: a regular file (a symlink to one is fine), checked
+    before anything opens it, since opening a FIFO blocks until a writer comes (``fit --dataset``
+    on a FIFO hung, deaf to SIGTERM); ``text`` is returned unchanged.
+
+    Raises:
+        argparse.ArgumentTypeError: no such path, or a folder, FIFO, device or socket.
+    """
+    try:
+        mode = os.stat(text).st_mode
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"no file at {text}") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {getattr(err, 'strerror', None) or err}") from None
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _NOT_FILES if test(mode)), "special")
+        raise argparse.ArgumentTypeError(f"{text} is {what}, not a regular file")
+    return text
 
 
 def check_device(text: str, *, flag: str = "--device", allow_auto: bool = False) -> None:
@@ -215,6 +245,7 @@ __all__ = [
     "check_positive",
     "check_split_options",
     "finite_float",
+    "input_file",
     "parse_change",
     "parse_quarter",
     "parse_quarter_list",
