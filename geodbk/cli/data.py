@@ -17,6 +17,16 @@ from geodbk.cli.options import (
     input_file,
 )
 
+#: Largest ``--rank`` of a fit with a kind trained by gradient (every kind but the closed-form knn)
+#: without ``--allow-large-model``: twice the paper's 1024. A fit's memory grows as rank^2 and its
+#: time faster than rank (PR's 5,132 training rows, dbk-rbf, one epoch, one core: 0.99 GB and 57 s at
+#: 512, 1.16 GB and 181 s at 1024, so about 1.8 GB and 10 minutes at 2048; rank 4000 on 5,508 rows
+#: passed 2.9 GB and 120 s).
+MAX_FIT_RANK = 2048
+#: Widest ``--hidden`` of a fit with a kind trained by gradient without ``--allow-large-model``: four
+#: times the paper's 256 (the backbone's weights, their gradients and optimiser state grow as hidden^2).
+MAX_FIT_HIDDEN = 1024
+
 
 def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="build a dataset from Ookla tiles and print its summary")
@@ -181,8 +191,9 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    "process up to rounding (default 1)")
     add_split_options(p, keep=True)
     p.add_argument("--allow-large-model", action="store_true",
-                   help="fit a width above 4096, more than 64 encoding scales or over 2 GiB of weights "
-                   "(refused otherwise, before training)")
+                   help=f"fit a --rank above {MAX_FIT_RANK} or a --hidden above {MAX_FIT_HIDDEN} (kinds trained by "
+                   "gradient), more than 64 encoding scales or over 2 GiB of weights (refused otherwise, before "
+                   "training)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(handler=_run_fit)
 
@@ -230,14 +241,20 @@ def _fit_worker(args: argparse.Namespace) -> int:
 
 def _check_fit(args: argparse.Namespace) -> None:
     """The checks of ``geodbk fit``'s options that need no data (before any worker starts)."""
-    from geodbk.errors import InputDataError
-    from geodbk.models import available_models
+    from geodbk.errors import InputDataError, ResourceLimitError
+    from geodbk.models import available_models, get_model_spec
 
     kinds = _kinds(args)
     unknown = [k for k in kinds if k not in available_models()]
     if not kinds or unknown:
         raise InputDataError(f"unknown or no model kinds {unknown}; known: {', '.join(available_models())}")
     check_positive(args, ("epochs", "hidden", "rank", "batch_size", "patience", "nproc"))
+    trained = [k for k in kinds if get_model_spec(k).fit is None]  # knn, fitted in closed form, has no network
+    for flag, value, limit in (("rank", args.rank, MAX_FIT_RANK), ("hidden", args.hidden, MAX_FIT_HIDDEN)):
+        if trained and not args.allow_large_model and value is not None and value > limit:
+            raise ResourceLimitError(f"--{flag} {value} is above the limit of {limit} for fitting "
+                                     f"{', '.join(trained)} (memory grows as {flag}^2); lower --{flag}, or pass "
+                                     "--allow-large-model to fit it anyway")
     check_split_options(args)
     check_device(args.device, allow_auto=True)
     if args.lr is not None and not args.lr > 0:
