@@ -273,12 +273,16 @@ def _kinds(args: argparse.Namespace) -> list[str]:
 
 
 def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
-    """Fit and evaluate every kind, then write the run folder; only ``main`` checks the split and
-    the run folder, prints and writes (a refusal there stops the other workers)."""
+    """Fit and evaluate every kind, then write the run folder with the kinds that finished: a kind
+    that fails is named with its reason in one error line after the others are saved
+    (:func:`_failed_kinds`), except in a torchrun job, which stops at the first failure. Only
+    ``main`` checks the split and the run folder, prints and writes (a refusal there stops the
+    other workers)."""
     import time
     from pathlib import Path
 
     from geodbk.dataset.spatial_dataset import SpatialDataset
+    from geodbk.fit.distributed import is_worker
     from geodbk.fit.fitting import fit_dataset
     from geodbk.fit.metrics import format_metrics_table
     from geodbk.fit.protocol import MIN_WAVELENGTH_M, get_protocol
@@ -317,26 +321,50 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
         from geodbk.dataset.density import read_density_tiles
 
         density = read_density_tiles(args.density_tiles, dataset.region, buffer_deg=dataset.buffer_deg)
-    results, models = {}, {}
+    results, models, failed = {}, {}, {}
     for kind in kinds:
         start = time.perf_counter()
-        models[kind] = model = fit_dataset(
-            dataset, kind, protocol=args.protocol, preset=preset,
-            min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength,
-            coordinate_jitter_m=args.coordinate_jitter, density_tiles=density, **overrides,
-        )
-        if main:
-            results[kind] = evaluate_on_test(model, dataset)
+        try:
+            model = fit_dataset(
+                dataset, kind, protocol=args.protocol, preset=preset,
+                min_wavelength_m=MIN_WAVELENGTH_M if args.min_wavelength is None else args.min_wavelength,
+                coordinate_jitter_m=args.coordinate_jitter, density_tiles=density, **overrides,
+            )
+            if main:
+                results[kind] = evaluate_on_test(model, dataset)
+        except Exception as err:  # the other kinds go on; Ctrl-C and SIGTERM stop the fit
+            if is_worker():  # torchrun workers train in step: one that went on alone would wait forever
+                raise
+            failed[kind] = err
+            echo(f"{kind}: failed after {time.perf_counter() - start:.0f} s")
+            continue
+        models[kind] = model
         echo(f"{kind}: best epoch {model.regressor.best_epoch}/{len(model.regressor.history)}, "
              f"{time.perf_counter() - start:.0f} s")
     if not main:
         return 0
-    # saved only once all fits succeeded, models and metrics together under the folder's lock:
-    # a failed or killed fit leaves the run folder as it was, and earlier models' rows are kept
+    if not models:
+        raise next(iter(failed.values()))
+    # saved once every kind has finished or failed, models and metrics together under the folder's
+    # lock: a killed fit leaves the run folder as it was, and earlier models' rows are kept
     table = run.save_fits(dataset, models, results, overwrite=args.overwrite, geometry_from=args.dataset)
     echo(format_metrics_table(table))
     if (note := dataset.test_note()) is not None:
         echo(note)
-    return 0
+    return _failed_kinds(args, failed, list(models)) if failed else 0
+
+
+def _failed_kinds(args: argparse.Namespace, failed: dict[str, Exception], saved: list[str]) -> int:
+    """End a fit whose kinds ``failed`` (kind -> error) while those ``saved`` were written: one
+    error line naming each failed kind and why (the traceback of the first with --debug), and the
+    exit status of the worst failure (:func:`geodbk.cli.failures.failure`: 1 if one was a bug)."""
+    from geodbk.cli.failures import INTERNAL_ERROR, USAGE_ERROR, failure
+
+    if getattr(args, "debug", False):
+        raise next(iter(failed.values()))
+    outcomes = {kind: failure(err) for kind, err in failed.items()}
+    reasons = "; ".join(f"{kind} failed: {text.removeprefix(f'{kind}: ')}" for kind, (_, text) in outcomes.items())
+    print(f"geodbk fit: error: {reasons}; the fits of {', '.join(saved)} were saved in {args.out}", file=sys.stderr)
+    return INTERNAL_ERROR if any(status == INTERNAL_ERROR for status, _ in outcomes.values()) else USAGE_ERROR
 
 
