@@ -367,6 +367,8 @@ class SpatialDataset:
                 :data:`COLUMNS` or the tile polygons, or whose rows fail :meth:`check_rows`.
         """
         path = Path(path)
+        if path.exists() and not path.is_file():  # opening a FIFO would block until a writer comes
+            raise InputDataError(f"{path} is not a regular file (a folder, FIFO or device); give a dataset file")
         try:
             schema = pq.read_schema(path)
         except Exception as err:  # pyarrow raises several types for bad files

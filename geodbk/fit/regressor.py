@@ -374,6 +374,8 @@ def read_payload(path: str | Path, device: str | torch.device = "cpu") -> dict[s
     path = Path(path)
     if not path.exists():
         raise InputDataError(f"no model file at {path}")
+    if not path.is_file():  # opening a FIFO would block until a writer comes
+        raise InputDataError(f"{path} is not a regular file (a folder, FIFO or device); give a model file")
     try:
         with warnings.catch_warnings():  # torch warns about foreign pickle protocols before failing
             warnings.simplefilter("ignore")

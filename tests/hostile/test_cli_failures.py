@@ -256,7 +256,7 @@ MIDWAY = {  # (command, where the failure is injected)
     "export-netcdf": (export_netcdf, "xarray.Dataset.to_netcdf"),
     "export-geotiff": (export_geotiff, "geodbk.io.geotiff._read_every_block"),
     "predict": (predict_out, "geodbk.maps.stores.NetCDFSink.write"),
-    "fit-metrics": (fit_run, "geodbk.workflow.save_metrics"),
+    "fit-metrics": (fit_run, "geodbk.io.run_folder.save_metrics"),
     "fit-model": (fit_run, "geodbk.fit.geomodel.write_payload"),
 }
 RAISED = {"ctrl-c": (KeyboardInterrupt, 130, "interrupted"), "out-of-memory": (MemoryError, 2, "out of memory"),

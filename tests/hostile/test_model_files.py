@@ -338,3 +338,19 @@ def test_a_fit_whose_kinds_all_fail_writes_nothing(hostile, root):
             "--hidden", "16", "--lr", "1e12", "--no-progress"]
     _run(hostile, root, lambda r: argv, "dnn: the training loss (MSE) became nan")
     assert not run.exists()
+
+
+@pytest.mark.parametrize("verb", ["model", "dataset"])
+def test_a_fifo_given_as_a_model_or_dataset_to_the_python_loaders_is_refused_not_opened(tmp_path, verb):
+    """Opening a FIFO blocks until a writer comes; predict --model and export --dataset reach
+    these loaders, so a FIFO there must be refused before it is opened."""
+    import os
+
+    from geodbk.dataset.spatial_dataset import SpatialDataset
+    from geodbk.errors import InputDataError
+    from geodbk.fit.geomodel import GeoModel
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(InputDataError, match="not a regular file"):
+        (GeoModel.load if verb == "model" else SpatialDataset.load)(fifo)
