@@ -518,18 +518,15 @@ def test_downloads_are_the_selected_models_map_and_the_shown_tiles(server, page_
     assert log.problems() == [], log.problems()
 
 
-def test_geodbk_serve_without_a_run_folder_explains_what_to_run(page_and_log, tmp_path):
-    page, log = page_and_log
-    srv = Server(tmp_path / "missing-run", tmp_path / "panel.log", via_cli=True)
-    try:
-        srv.wait_ready()
-        page.goto(srv.url, wait_until="load")
-        notice = page.locator(".geodbk-no-run div").first
-        notice.wait_for()
-        assert "geodbk demo --out outputs/demo" in notice.inner_text()
-    finally:
-        srv.stop()
-    assert log.problems() == [], log.problems()
+def test_geodbk_serve_without_a_run_folder_explains_what_to_run(tmp_path):
+    """A --run that is not there is refused in one line that says what to run, before any server
+    starts (issue 35: it used to start the dashboard on a notice)."""
+    missing = tmp_path / "missing-run"
+    done = subprocess.run([sys.executable, "-m", "geodbk", "serve", "--run", str(missing)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("geodbk serve: error: no run folder at") and f"geodbk demo --out {missing}" in lines[0]
 
 
 MAP_CANVAS = ".geodbk-map canvas"

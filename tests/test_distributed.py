@@ -196,6 +196,7 @@ def test_fit_nproc_2_writes_the_run_once_with_the_one_process_metrics(small_data
 @pytest.mark.slow
 def test_a_failed_worker_ends_the_job_with_its_status_and_one_line(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    (tmp_path / "none.parquet").write_bytes(b"not a parquet file")  # a regular file each worker fails to read
     done = subprocess.run([sys.executable, "-m", "geodbk", *_fit_command(tmp_path / "none.parquet", tmp_path / "run"),
                            "--nproc", "2"], capture_output=True, text=True, env=env, timeout=300)
     lines = done.stderr.strip().splitlines()
@@ -207,16 +208,18 @@ def test_a_failed_worker_ends_the_job_with_its_status_and_one_line(tmp_path):
 def test_fit_nproc_0_is_a_one_line_error(tmp_path, capsys):
     from geodbk.cli import main
 
+    (tmp_path / "dataset.parquet").touch()  # --dataset must name a regular file before --nproc is checked
     assert main(_fit_command(tmp_path / "dataset.parquet", tmp_path / "run", "--nproc", "0")) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "--nproc must be >= 1, got 0" in lines[0], lines
 
 
-def test_the_workers_get_the_same_fit_arguments():
+def test_the_workers_get_the_same_fit_arguments(tmp_path):
     from geodbk.cli import build_parser
     from geodbk.cli.data import _fit_argv
 
-    argv = _fit_command(Path("d.parquet"), Path("run"), "--nproc", "3", "--seed", "-4", "--lr", "0.003",
+    (tmp_path / "d.parquet").touch()  # parsing checks that --dataset is a regular file
+    argv = _fit_command(tmp_path / "d.parquet", Path("run"), "--nproc", "3", "--seed", "-4", "--lr", "0.003",
                         "--split", "spatial-block", "--paper-size", "--protocol", "paper")
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(_fit_argv(args))
