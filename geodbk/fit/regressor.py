@@ -23,6 +23,7 @@ from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.base import KernelModel, PosteriorFactors, WeightedFactors, ZooModel
 from geodbk.models.basis_gp import BasisGP
+from geodbk.models.blocks import blocks
 from geodbk.models.config import ModelConfig, stored_model_config
 from geodbk.models.conjugate import ConjugateFit, fit_conjugate_posterior
 from geodbk.models.precision import Precision, check_precision
@@ -129,7 +130,7 @@ class Regressor:
         """``compute(rows)`` for consecutive slices of ``batch_size`` of ``n`` rows, the model in
         eval mode, each (b,) or (b, width), joined in float64: (n,) or (n, width)."""
         self.model.eval()
-        parts = [compute(rows).double().cpu().numpy() for rows in _row_slices(n, batch_size)]
+        parts = [compute(rows).double().cpu().numpy() for rows in blocks(n, batch_size)]
         return np.concatenate(parts) if parts else np.empty((0,) if width is None else (0, width))
 
     @property
@@ -286,7 +287,7 @@ class Regressor:
         device = self.device
 
         def batches() -> Iterator[WeightedFactors]:
-            for rows in _row_slices(len(X), batch_size):
+            for rows in blocks(len(X), batch_size):
                 w = torch.as_tensor(weights[rows], dtype=torch.float64, device=device)
                 yield self._factors(X[rows]), w, torch.as_tensor(groups[rows], device=device)
 
@@ -434,12 +435,6 @@ def _load_weights(kind: str, model: ZooModel, state: Any) -> None:
     except RuntimeError:  # torch lists every size mismatch over many lines
         raise InputDataError(f"its weights are not those of a {kind} model (some have other shapes): it is damaged "
                              "or its kind was changed") from None
-
-
-def _row_slices(n: int, batch_size: int) -> Iterator[slice]:
-    """Consecutive slices of at most ``batch_size`` rows covering ``range(n)``: the one batch loop."""
-    for start in range(0, n, batch_size):
-        yield slice(start, start + batch_size)
 
 
 def build_model(kind: str, input_dim: int, config: ModelConfig) -> ZooModel:
