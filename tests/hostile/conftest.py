@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,19 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status == 0
+
+
+@pytest.fixture
+def linked_copy(tmp_path) -> Callable[[Path], Path]:
+    """Make a fresh copy of a module's folder at ``tmp_path/w``, by hard links: cheap, and a file
+    changed in place shows in the snapshot."""
+
+    def copy(base: Path) -> Path:
+        root = tmp_path / "w"
+        shutil.copytree(base, root, copy_function=os.link)
+        return root
+
+    return copy
 
 
 def snapshot(root: Path) -> dict[Path, str]:

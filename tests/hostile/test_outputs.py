@@ -39,11 +39,9 @@ def base(tmp_path_factory, pr_dataset) -> Path:
 
 
 @pytest.fixture
-def work(base, tmp_path) -> Path:
-    """A fresh copy of the module folder (hard links: cheap, and a file changed in place shows in the snapshot)."""
-    root = tmp_path / "w"
-    shutil.copytree(base, root, copy_function=os.link)
-    return root
+def work(base, linked_copy) -> Path:
+    """A fresh copy of the module folder."""
+    return linked_copy(base)
 
 
 # --- scenes: what stands at the output path before the command ---------------------------------

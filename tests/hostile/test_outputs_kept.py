@@ -88,11 +88,9 @@ def base(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def work(base, tmp_path) -> Path:
-    """A fresh copy of the module folder (hard links: a file changed in place shows in the snapshot)."""
-    root = tmp_path / "w"
-    shutil.copytree(base, root, copy_function=os.link)
-    return root
+def work(base, linked_copy) -> Path:
+    """A fresh copy of the module folder."""
+    return linked_copy(base)
 
 
 def notes(folder: Path) -> Path:
