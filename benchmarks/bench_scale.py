@@ -79,7 +79,6 @@ from affine import Affine
 from geodbk import paths
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.inputs import InputSpace, TimeAxis
-from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.splits import random_split
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.geomodel import GeoModel
@@ -94,6 +93,7 @@ from geodbk.maps.predict import predict_grid
 from geodbk.models import ModelConfig, get_model_spec
 from geodbk.models.config import PRESETS, TrainConfig
 from geodbk.models.expansions import deferred_cholesky_checks
+from geodbk.quarters import quarter_years
 
 KIND = "dbk-rbf"
 QUARTERS = [(year, quarter) for year in range(2019, 2024) for quarter in range(1, 5)]

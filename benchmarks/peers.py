@@ -50,9 +50,9 @@ from scipy.optimize import minimize
 
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.density import TestDensityCovariates
-from geodbk.dataset.quarters import quarter_years
 from geodbk.fit.tails import MeasurementTails, fit_measurement_tails
 from geodbk.prediction import Prediction
+from geodbk.quarters import quarter_years
 
 #: Peer name -> module it needs.
 PEER_MODULES: dict[str, str] = {"gpboost": "gpboost", "lightgbm": "lightgbm"}

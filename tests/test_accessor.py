@@ -15,13 +15,13 @@ from scipy.stats import norm
 
 import geodbk.io.accessor  # noqa: F401  (registers .dbk)
 from geodbk.dataset.model_info import ModelInfo
-from geodbk.dataset.quarters import Quarter
 from geodbk.errors import InputDataError
 from geodbk.io.cubes import write_netcdf, write_zarr
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.stores import open_grid
 from geodbk.prediction import ChangePrediction, Prediction
+from geodbk.quarters import Quarter
 
 REGION = shapely.Point(-66.5, 18.2).buffer(0.2)
 QUARTERS = ["2023Q3", "2023Q4"]

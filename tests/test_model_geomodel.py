@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from geodbk.dataset.inputs import InputSpace
-from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import InputDataError
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
+from geodbk.quarters import quarter_years
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import datetime
 import numpy as np
 import pytest
 
-from geodbk.dataset.quarters import Quarter, parse_quarter_label, quarter_years
 from geodbk.errors import InputDataError
+from geodbk.quarters import Quarter, parse_quarter_label, quarter_years
 
 
 @pytest.mark.parametrize("year", [1999, 2019, 2023, 2024])
@@ -82,3 +82,13 @@ def test_decimal_years_equal_quarter_years_and_map_back() -> None:
         assert Quarter.of_years(value) == Quarter(int(y), int(q))
     assert Quarter.of_years(2024.0) == Quarter(2024, 1)  # a quarter's first instant is in it
     assert Quarter.of_years(2023.9999) == Quarter(2023, 4)
+
+
+def test_quarter_indices_are_consecutive_ordered_and_read_back() -> None:
+    years, numbers = np.repeat(np.arange(2016, 2026), 4), np.tile(np.arange(1, 5), 10)
+    index = Quarter.index_of(years, numbers)
+    assert index.dtype == np.int64 and index.shape == (40,)
+    np.testing.assert_array_equal(np.diff(index), 1)  # one per quarter, across year ends
+    assert [Quarter.of_index(i) for i in index] == [Quarter(int(y), int(q)) for y, q in zip(years, numbers, strict=True)]
+    assert Quarter(2023, 4).index == int(Quarter.index_of(2023, 4)) == Quarter(2024, 1).index - 1
+    assert Quarter.of_index(Quarter(2019, 1).shift(-9).index) == Quarter(2016, 4)

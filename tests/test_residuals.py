@@ -380,7 +380,7 @@ def pr_model(fitted):
 
 
 def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters, pr_model):
-    from geodbk.dataset.quarters import quarter_years
+    from geodbk.quarters import quarter_years
 
     field = pr_model.residuals
     assert isinstance(field, ResidualField) and pr_model.info.local_residuals is True
@@ -399,7 +399,7 @@ def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters
 
 
 def test_geomodel_predict_adds_the_kriged_residual(pr_two_quarters, pr_model):
-    from geodbk.dataset.quarters import quarter_years
+    from geodbk.quarters import quarter_years
 
     field = pr_model.residuals
     s, s_t = field.kernel.variance_scale, field.kernel.test_noise_scale

@@ -196,7 +196,6 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     import pandas as pd
 
     from geodbk.dataset.domain import quarter_report
-    from geodbk.dataset.quarters import Quarter
     from geodbk.dataset.spatial_dataset import parse_quarters, sample_tiles_path
     from geodbk.dataset.targets import parse_targets
     from geodbk.errors import InputDataError
@@ -204,6 +203,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     from geodbk.maps.geometry import RegularGrid
     from geodbk.maps.schema import GridLayers, check_cells_inside, check_change, check_grid_size
     from geodbk.maps.thresholds import Benchmark
+    from geodbk.quarters import Quarter
 
     pairs = parse_quarters(list(config.quarters)) if config.quarters else None
     if pairs is None:

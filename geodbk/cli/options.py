@@ -181,7 +181,7 @@ def check_positive(args: argparse.Namespace, flags: Sequence[str]) -> None:
 
 def parse_change(text: str | None) -> tuple[str, str] | None:
     """``"2022Q4:2023Q4"`` -> ``("2022Q4", "2023Q4")`` (checked), or None."""
-    from geodbk.dataset.quarters import Quarter
+    from geodbk.quarters import Quarter
 
     if text is None:
         return None
@@ -191,7 +191,7 @@ def parse_change(text: str | None) -> tuple[str, str] | None:
 
 def parse_quarter(text: str, flag: str = "--quarter") -> str:
     """``" 2023q4"`` -> ``"2023Q4"``, checked (one quarter)."""
-    from geodbk.dataset.quarters import Quarter
+    from geodbk.quarters import Quarter
 
     if "," in text:
         raise InputDataError(f"{flag} takes one quarter, e.g. 2023Q4; got {text!r}")
@@ -200,7 +200,7 @@ def parse_quarter(text: str, flag: str = "--quarter") -> str:
 
 def parse_quarter_list(text: str, flag: str = "--quarters") -> list[str]:
     """``"2023Q1, 2023q4"`` -> ``["2023Q1", "2023Q4"]``, each checked; at least one."""
-    from geodbk.dataset.quarters import Quarter
+    from geodbk.quarters import Quarter
 
     quarters = Quarter.parse_list(text)
     if not quarters:

@@ -21,7 +21,7 @@ import numpy as np
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from geodbk.dataset.quarters import QUARTER_YEARS, Quarter
+from geodbk.quarters import QUARTER_YEARS, Quarter
 
 #: Quarters after the last fitted one that a space-time model may forecast before a map of them
 #: counts as extrapolation to refuse (:meth:`DomainReport.problem`); they still warn.

@@ -33,8 +33,8 @@ from shapely.geometry.base import BaseGeometry
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform, outside_extent, transform_from_dict
 from geodbk.dataset.density import TestDensityCovariates
 from geodbk.dataset.domain import DomainReport, beyond_region
-from geodbk.dataset.quarters import Quarter, quarter_years
 from geodbk.errors import InputDataError
+from geodbk.quarters import Quarter, quarter_years
 
 PROTOCOLS = ("space-time", "paper")
 

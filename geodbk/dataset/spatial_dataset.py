@@ -32,7 +32,6 @@ import shapely.errors
 
 from geodbk import paths
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
-from geodbk.dataset.quarters import Quarter
 from geodbk.dataset.splits import (
     DEFAULT_BLOCK_M,
     SPLIT_PROTOCOLS,
@@ -53,6 +52,7 @@ from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, lo
 from geodbk.ingest.scan import check_selection, scan_tiles, select_rows
 from geodbk.ingest.urbanrural import RURAL, URBAN, tag_urban_rural
 from geodbk.ingest.validation import KEY_COLUMNS, check_duplicates, invalid_rows
+from geodbk.quarters import Quarter
 
 SPLITS = ("train", "val", "test")
 #: The columns of every dataset file (:func:`build_dataset`; a further target adds ``value_<target>``
@@ -353,7 +353,7 @@ class SpatialDataset:
             row = frame.iloc[bad[0]]
             shown = ", ".join(f"{column} {row[column]}" for column in (*columns.values(), "tests", "devices"))
             raise InputDataError(f"{len(bad):,} row(s) hold a target or count that ingest drops, e.g. quadkey "
-                                 f"{row['quadkey']} in {row['year']}Q{row['quarter']} ({shown})")
+                                 f"{row['quadkey']} in {Quarter(int(row['year']), int(row['quarter']))} ({shown})")
 
     @classmethod
     def load(cls, path: str | Path, *, geometry: bool = True) -> SpatialDataset:
@@ -496,7 +496,7 @@ def _split_rows(
     xy_m = _split_metres(lonlat) if protocol == "spatial-block" else None
     if block_m is None:
         block_m = DEFAULT_BLOCK_M if xy_m is None else choose_block_m(xy_m, seed)
-    period = np.asarray(year, dtype=np.int64) * 4 + np.asarray(quarter, dtype=np.int64) - 1
+    period = Quarter.index_of(year, quarter)
     labels = assign_split(protocol, n=len(lonlat), xy_m=xy_m, period=period, seed=seed, block_m=block_m)
     return np.asarray(labels).astype(str), float(block_m)
 

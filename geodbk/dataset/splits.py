@@ -179,7 +179,7 @@ def spatial_block_split(xy_m: np.ndarray, seed: int, block_m: float | None = DEF
 def forecast_split(period: np.ndarray, seed: int) -> np.ndarray:
     """``(n,)`` labels: test is the latest period, earlier rows split train:val = 8:1.
 
-    ``period`` is an ``(n,)`` integer quarter index, e.g. ``year * 4 + quarter - 1``.
+    ``period`` is an ``(n,)`` integer quarter index, e.g. :meth:`geodbk.quarters.Quarter.index_of`.
     Val gets ``round(m / 9)`` of the ``m`` earlier rows, drawn by
     ``default_rng(seed).permutation(m)``.
     """

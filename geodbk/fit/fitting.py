@@ -17,7 +17,6 @@ import shapely
 
 from geodbk.dataset.density import DensitySource, read_density_tiles
 from geodbk.dataset.model_info import ModelInfo
-from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.dataset.targets import target_column
 from geodbk.errors import InputDataError
@@ -30,6 +29,7 @@ from geodbk.fit.targets import fit_target_correlation
 from geodbk.fit.train import fit_arrays
 from geodbk.fit.validation_areas import AreaGroups, square_areas
 from geodbk.models.zoo import get_model_spec
+from geodbk.quarters import quarter_years
 
 
 def fit_dataset(

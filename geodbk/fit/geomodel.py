@@ -35,7 +35,6 @@ from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
 from geodbk.dataset.domain import DomainReport, fitted_area
 from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time
 from geodbk.dataset.model_info import ModelInfo
-from geodbk.dataset.quarters import Quarter, quarter_years
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fit.posterior import MapPosterior
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
@@ -51,6 +50,7 @@ from geodbk.maps.predict import predict_grid
 from geodbk.maps.thresholds import DEFAULT
 from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import ChangePrediction, Prediction
+from geodbk.quarters import Quarter, quarter_years
 
 _FORMAT = "geodbk.fit.geomodel/2"
 

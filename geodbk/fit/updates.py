@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from geodbk.dataset.quarters import quarter_years
 from geodbk.dataset.targets import target_column
 from geodbk.errors import InputDataError
+from geodbk.quarters import quarter_years
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.fit.geomodel import GeoModel

@@ -9,6 +9,7 @@ import numpy as np
 
 from geodbk.errors import InputDataError
 from geodbk.ingest.validation import check_published
+from geodbk.quarters import Quarter
 
 #: Public https root of Ookla's open-data S3 bucket (``s3://ookla-open-data``).
 OOKLA_BUCKET_URL = "https://ookla-open-data.s3.amazonaws.com"
@@ -42,7 +43,7 @@ def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> st
     folder, ext = {"parquet": ("parquet", "parquet"), "shapefile": ("shapefiles", "zip")}.get(fmt, (None, None))
     if folder is None:
         raise InputDataError(f"fmt must be 'parquet' or 'shapefile', got {fmt!r}")
-    month = 3 * (quarter - 1) + 1
+    month = Quarter(int(year), quarter).start.month
     name = f"{int(year)}-{month:02d}-01_performance_{service}_tiles.{ext}"
     return f"{OOKLA_BUCKET_URL}/{folder}/performance/type={service}/year={int(year)}/quarter={quarter}/{name}"
 

@@ -59,6 +59,7 @@ from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, check_any_inside, 
 from geodbk.ingest.sources import is_url, local_path
 from geodbk.ingest.validation import DROP_REASONS, KEY_COLUMNS, check_duplicates, warn_dropped
 from geodbk.ingest.vectorfiles import checked_path
+from geodbk.quarters import Quarter
 
 #: Rows read from a Parquet file at once.
 BATCH_ROWS = 65_536
@@ -73,15 +74,15 @@ class _Keys(TypedDict):
 
 
 def check_selection(
-    services: set[str], quarters: set[tuple[int, int]], service: str | None, wanted: Sequence[tuple[int, int]] | None
+    services: set[str], quarters: set[Quarter], service: str | None, wanted: Sequence[tuple[int, int]] | None
 ) -> None:
     """Refuse a choice of service and quarters that the tiles cannot satisfy.
 
     Args:
         services: the services of the (valid, complete) tile rows.
-        quarters: the ``(year, quarter)`` of those rows of ``service`` (of all rows if ``None``).
+        quarters: the quarters of those rows of ``service`` (of all rows if ``None``).
         service: the service asked for, or ``None`` for the one the tiles hold.
-        wanted: the quarters asked for, or ``None`` for all.
+        wanted: the ``(year, quarter)`` asked for, or ``None`` for all.
 
     Raises:
         InputDataError: an unknown service, no tiles of ``service``, tiles of two services and
@@ -95,15 +96,15 @@ def check_selection(
     elif len(services) > 1:
         raise InputDataError(f"tiles mix services {sorted(services)}; pass service=")
     if wanted is not None:
-        absent = [f"{y}Q{q}" for y, q in wanted if (y, q) not in quarters]
+        absent = [str(Quarter(y, q)) for y, q in wanted if Quarter(y, q) not in quarters]
         if absent:
-            have = ", ".join(f"{y}Q{q}" for y, q in sorted(quarters))
+            have = ", ".join(str(quarter) for quarter in sorted(quarters))
             raise InputDataError(f"no tiles for quarter(s) {absent}; the tiles hold {have}")
 
 
 def select_rows(
     tiles: pd.DataFrame, service: str | None, wanted: Sequence[tuple[int, int]] | None
-) -> tuple[np.ndarray, set[str], set[tuple[int, int]]]:
+) -> tuple[np.ndarray, set[str], set[Quarter]]:
     """The rows of ``service`` (all if ``None``) in the ``wanted`` quarters (all if ``None``).
 
     Args:
@@ -111,18 +112,16 @@ def select_rows(
 
     Returns:
         ``(mask, services, quarters)``: the ``(n,)`` bool mask of the rows chosen, the services
-        of all rows, and the ``(year, quarter)`` of the rows of ``service``: what
+        of all rows, and the quarters of the rows of ``service``: what
         :func:`check_selection` checks.
     """
     chosen = np.ones(len(tiles), dtype=bool)
     if service is not None:
         chosen = (tiles["service"] == service).to_numpy(dtype=bool)
-    year = tiles["year"].to_numpy(dtype=np.int64)
-    quarter = tiles["quarter"].to_numpy(dtype=np.int64)
-    period = np.unique(year[chosen] * 4 + quarter[chosen] - 1)
-    quarters = {(int(p // 4), int(p % 4 + 1)) for p in period}
+    period = Quarter.index_of(tiles["year"].to_numpy(dtype=np.int64), tiles["quarter"].to_numpy(dtype=np.int64))
+    quarters = {Quarter.of_index(index) for index in np.unique(period[chosen])}
     if wanted is not None:
-        chosen &= np.isin(year * 4 + quarter - 1, [y * 4 + q - 1 for y, q in wanted])
+        chosen &= np.isin(period, [Quarter(y, q).index for y, q in wanted])
     return chosen, set(pd.unique(tiles["service"])), quarters
 
 
@@ -139,7 +138,7 @@ class _Selection:
         default_factory=lambda: {"incomplete_quarter": 0, **dict.fromkeys(DROP_REASONS, 0), "outside_region": 0}
     )
     services: set[str] = field(default_factory=set)
-    quarters: set[tuple[int, int]] = field(default_factory=set)
+    quarters: set[Quarter] = field(default_factory=set)
 
     def keep(self, frame: pd.DataFrame, invalid: dict[str, np.ndarray]) -> np.ndarray:
         """The ``(n,)`` mask of the rows of ``frame`` (from :func:`tile_columns`) to keep, counted."""

@@ -34,9 +34,10 @@ import numpy as np
 import pandas as pd
 
 from geodbk.errors import DroppedRowsWarning, InputDataError
+from geodbk.quarters import Quarter
 
-#: Ookla's first open-data quarter, (year, quarter).
-FIRST_QUARTER = (2019, 1)
+#: Ookla's first open-data quarter.
+FIRST_QUARTER = Quarter(2019, 1)
 #: Largest tile-average speed accepted, kbit/s (100 Gbit/s).
 MAX_SPEED_KBPS = 1e8
 #: Largest tile-average latency accepted, ms (one minute).
@@ -54,10 +55,10 @@ DROP_REASONS = {
 KEY_COLUMNS = ("quadkey", "year", "quarter", "service")
 
 
-def current_quarter(today: date | None = None) -> tuple[int, int]:
-    """``(year, quarter)`` of ``today`` (default: the system date), the last quarter a file may name."""
+def current_quarter(today: date | None = None) -> Quarter:
+    """The quarter of ``today`` (default: the system date), the last quarter a file may name."""
     today = today or date.today()
-    return today.year, (today.month - 1) // 3 + 1
+    return Quarter(today.year, (today.month - 1) // 3 + 1)
 
 
 def check_published(years: np.ndarray, quarters: np.ndarray, name: str, today: date | None = None) -> None:
@@ -72,14 +73,13 @@ def check_published(years: np.ndarray, quarters: np.ndarray, name: str, today: d
         InputDataError: a quarter outside that span.
     """
     first, last = FIRST_QUARTER, current_quarter(today)
-    key = np.asarray(years, dtype=np.int64) * 4 + np.asarray(quarters, dtype=np.int64) - 1
-    outside = (key < first[0] * 4 + first[1] - 1) | (key > last[0] * 4 + last[1] - 1)
+    index = Quarter.index_of(years, quarters)
+    outside = (index < first.index) | (index > last.index)
     if outside.any():
         row = np.flatnonzero(outside)[0]
         raise InputDataError(
             f"{name}: {int(outside.sum())} row(s) name a quarter Ookla has not published, e.g. "
-            f"{int(np.asarray(years)[row])}Q{int(np.asarray(quarters)[row])}; open data spans "
-            f"{first[0]}Q{first[1]} to the current quarter {last[0]}Q{last[1]}"
+            f"{Quarter.of_index(index[row])}; open data spans {first} to the current quarter {last}"
         )
 
 
@@ -123,7 +123,8 @@ def check_duplicates(keys: pd.DataFrame) -> None:
         row = keys.iloc[int(np.flatnonzero(duplicated)[0])]
         raise InputDataError(
             f"the tiles hold {int(duplicated.sum())} duplicate (quadkey, quarter, service) row(s), e.g. quadkey "
-            f"{row['quadkey']} in {row['year']}Q{row['quarter']} ({row['service']}); is a file given twice?"
+            f"{row['quadkey']} in {Quarter(int(row['year']), int(row['quarter']))} ({row['service']}); "
+            "is a file given twice?"
         )
 
 

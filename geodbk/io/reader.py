@@ -23,8 +23,8 @@ import shapely
 import xarray as xr
 from shapely.geometry.base import BaseGeometry
 
-from geodbk.dataset.quarters import Quarter
 from geodbk.errors import InputDataError
+from geodbk.quarters import Quarter
 
 #: Coordinates that a one-quarter map keeps: the cell centres and the CRS.
 _MAP_COORDS = ("x", "y", "spatial_ref")

@@ -63,10 +63,10 @@ import rioxarray  # noqa: F401  (registers the .rio accessor)
 import xarray as xr
 
 from geodbk.dataset.model_info import ModelInfo
-from geodbk.dataset.quarters import Quarter
 from geodbk.errors import InputDataError, ResourceLimitError
 from geodbk.maps.thresholds import DEFAULT, THRESHOLD_SOURCE, Benchmark, default_benchmark, resolve_threshold
 from geodbk.prediction import Z95, probability_below, probability_both_above, to_data_units
+from geodbk.quarters import Quarter
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.maps.geometry import RegularGrid

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from geodbk.dataset.quarters import Quarter
+from geodbk.quarters import Quarter
 
 #: Observed tiles within this distance (km) of a clicked point are drawn on its time series.
 NEAR_KM = 1.0

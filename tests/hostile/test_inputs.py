@@ -39,7 +39,7 @@ from geodbk.ingest.regions import load_region
 #: Raw Ookla columns written to the tile files.
 RAW = ["quadkey", "year", "quarter", "service", "avg_d_kbps", "avg_u_kbps", "avg_lat_ms", "tests", "devices"]
 NOW = current_quarter()
-FUTURE = (NOW[0] + (NOW[1] == 4), NOW[1] % 4 + 1)  # the quarter after the current one
+FUTURE = NOW.shift(1)  # the quarter after the current one
 
 
 # --- the loopback server the URLs and VRTs point at (tests/conftest.py) -------------------------
@@ -81,7 +81,7 @@ def root(tmp_path_factory, pr_tiles_2023q4, server) -> Path:
         bad.loc[:4, "year"], bad.loc[:4, "quarter"] = year, quarter
         bad.to_parquet(root / f"{name}.parquet")
     pd.concat([good, good.head(3)]).to_parquet(root / "duplicates.parquet")
-    good.drop(columns=["year", "quarter"]).to_parquet(root / f"tiles_{FUTURE[0]}Q{FUTURE[1]}_mobile.parquet")
+    good.drop(columns=["year", "quarter"]).to_parquet(root / f"tiles_{FUTURE}_mobile.parquet")
     good.drop(columns=["year", "quarter"]).to_parquet(root / "tiles_2018Q4_mobile.parquet")
     good.drop(columns=["year", "quarter"]).to_parquet(root / "tiles_2023Q4_mobile.parquet")
     tiles = gpd.GeoDataFrame(good, geometry=pr_tiles_2023q4.geometry.iloc[::20].to_numpy(), crs=4326)
@@ -153,7 +153,7 @@ QUARTER_FILES = [
     ("year_3023", 3023, 4),
     ("year_2018", 2018, 4),
     ("year_2099", 2099, 1),
-    ("next_quarter", FUTURE[0], FUTURE[1]),
+    ("next_quarter", FUTURE.year, FUTURE.number),
     ("quarter_5", 2023, 5),
     ("quarter_0", 2023, 0),
 ]
@@ -211,7 +211,7 @@ REFUSED: dict[str, tuple[Callable[[Path], list], str]] = {
     "geojson and parquet of one quarter": (
         lambda r: ["ingest", "--tiles", r / "tiles.parquet", r / "tiles.geojson"], "duplicate"),
     **{f"rows of {name}": (_tiles(f"{name}.parquet"), "quarter") for name, *_ in QUARTER_FILES},
-    "file named after the next quarter": (_tiles(f"tiles_{FUTURE[0]}Q{FUTURE[1]}_mobile.parquet"), "published"),
+    "file named after the next quarter": (_tiles(f"tiles_{FUTURE}_mobile.parquet"), "published"),
     "file named 2018Q4": (_tiles("tiles_2018Q4_mobile.parquet"), "published"),
     "download of 2099Q1": (lambda r: ["ingest", "--service", "mobile", "--year", "2099", "--quarter", "1"],
                            "published"),
@@ -220,7 +220,7 @@ REFUSED: dict[str, tuple[Callable[[Path], list], str]] = {
     "download of 1900Q1": (lambda r: ["ingest", "--service", "fixed", "--year", "1900", "--quarter", "1"],
                            "published"),
     "download of the next quarter": (
-        lambda r: ["ingest", "--service", "mobile", "--year", str(FUTURE[0]), "--quarter", str(FUTURE[1])],
+        lambda r: ["ingest", "--service", "mobile", "--year", str(FUTURE.year), "--quarter", str(FUTURE.number)],
         "published"),
     # disguised tile files: VRTs and other formats under a tile suffix
     "VRT as tiles.geojson": (_tiles("counties.geojson"), "not a GeoJSON"),

@@ -2,7 +2,9 @@
 
 Every quarter label the package reads goes through :meth:`Quarter.parse`, and every label it
 writes is ``str(Quarter)``; :func:`quarter_years` is the one formula from (year, quarter) to
-decimal years, vectorised for table columns.
+decimal years and :meth:`Quarter.index_of` the one from (year, quarter) to a quarter index,
+both vectorised for table columns. The module sits on the package's ground floor, beside
+:mod:`geodbk.paths`, so that every layer (ingest included) uses the one value.
 """
 
 from __future__ import annotations
@@ -89,19 +91,33 @@ class Quarter:
     @classmethod
     def of_years(cls, years: float) -> Quarter:
         """The quarter holding the decimal-year time ``years`` (``2023.875``, the middle of Q4 -> 2023Q4)."""
-        return cls._of_index(math.floor(float(years) / QUARTER_YEARS + _YEARS_SLACK))
+        return cls.of_index(math.floor(float(years) / QUARTER_YEARS + _YEARS_SLACK))
 
     @classmethod
-    def _of_index(cls, index: int) -> Quarter:
-        """The quarter ``index`` quarters after 0000Q1."""
-        return cls(index // 4, index % 4 + 1)
+    def of_index(cls, index: int) -> Quarter:
+        """The quarter ``index`` quarters after 0000Q1 (:attr:`index` read back)."""
+        return cls(int(index) // 4, int(index) % 4 + 1)
+
+    @staticmethod
+    def index_of(year: Any, number: Any) -> np.ndarray:
+        """Quarters after 0000Q1 of each (year, quarter number): ``4 * year + number - 1``.
+
+        ``year`` and ``number`` are integer scalars or equal-shaped arrays (table columns); the
+        result is int64 of their broadcast shape, ordered as the quarters are (2023Q4 -> 8095).
+        """
+        return np.asarray(year, dtype=np.int64) * 4 + np.asarray(number, dtype=np.int64) - 1
+
+    @property
+    def index(self) -> int:
+        """Quarters after 0000Q1 (:meth:`index_of` of this quarter; :meth:`of_index` reads it back)."""
+        return int(self.index_of(self.year, self.number))
 
     def __str__(self) -> str:
         return f"{self.year:04d}Q{self.number}"
 
     def shift(self, n: int) -> Quarter:
         """The quarter ``n`` quarters later (earlier for negative ``n``); ``2023Q4.shift(1)`` is 2024Q1."""
-        return self._of_index(4 * self.year + self.number - 1 + n)
+        return self.of_index(self.index + n)
 
     @property
     def start(self) -> datetime.date:
