@@ -11,7 +11,8 @@ where ``v_latent`` is the model's own predictive variance of the latent mean (th
 process's for GPBoost; 0 for LightGBM, which has none) and ``(s0, s1)`` are fitted by maximum
 likelihood on the validation residuals (:func:`fit_measurement_noise`). Then, as for a geodbk
 space-time model, a new measurement's family (Student-t degrees of freedom and sd scale,
-:func:`geodbk.fit.tails.fit_measurement_tails`) is chosen on the same validation rows, unless
+:func:`geodbk.fit.tails.fit_measurement_tails`, with its test-count shift of the centre) is chosen
+on the same validation rows, unless
 :func:`fit_peer` is told ``measurement_tails=False``. So
 ``evaluate(y, peer.predict_tiles(rows).measurement(), classes)`` scores a peer exactly as
 :func:`geodbk.workflow.evaluate_on_test` scores a geodbk model.
@@ -251,7 +252,8 @@ class PeerModel:
         if "tests" in rows.columns:
             measurement = np.sqrt(latent_var + self.s0**2 + self.s1**2 / rows["tests"].to_numpy(np.float64))
         prediction = Prediction(mean, sd, measurement)
-        return prediction if self.tails is None else self.tails.apply(prediction)
+        tests = rows["tests"].to_numpy(np.float64) if "tests" in rows.columns else None
+        return prediction if self.tails is None else self.tails.apply(prediction, tests)
 
     def fit_noise(self, val: pd.DataFrame) -> None:
         """Set ``s0, s1`` by :func:`fit_measurement_noise` on the validation rows."""
@@ -455,7 +457,9 @@ def fit_peer(
         raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANTS)}")
     peer = FITTERS[name](dataset, variant, seed=seed, density_tiles=density_tiles)
     if measurement_tails:
-        val = dataset.frame[dataset.frame["split"] == "val"]
-        peer.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), peer.predict_tiles(val))
-        peer.details.update(df=peer.tails.df, noise_scale=peer.tails.noise_scale)
+        train, val = _splits(dataset)
+        peer.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), peer.predict_tiles(val),
+                                           val["tests"].to_numpy(np.float64),
+                                           tests_centre=float(np.mean(1.0 / train["tests"].to_numpy(np.float64))))
+        peer.details.update(df=peer.tails.df, noise_scale=peer.tails.noise_scale, tests_shift=peer.tails.tests_shift)
     return peer

@@ -40,11 +40,13 @@ class Prediction:
 
     * the tile mean, N(mean, sd^2), sd^2 = var_f + sigma0^2: what a tile's speed is when
       averaged over many tests; the map layers use it;
-    * a new measurement that averages the point's own k tests, with sd ``measurement_sd``
-      (measurement_sd^2 = var_f + sigma0^2 + sigma1^2 / k, times a scale chosen on validation
-      rows) and ``measurement_df`` degrees of freedom (a Student-t; ``inf``: Gaussian): what a
-      test tile's observed value is scored against (:meth:`measurement`). Without test counts,
-      or for a model with homoscedastic noise, it is the tile-mean distribution.
+    * a new measurement that averages the point's own k tests, centred at ``mean +
+      measurement_shift`` (the test count's shift, chosen on validation rows: the log of a mean
+      of k speeds grows with k), with sd ``measurement_sd`` (measurement_sd^2 = var_f + sigma0^2
+      + sigma1^2 / k, times a scale chosen on validation rows) and ``measurement_df`` degrees of
+      freedom (a Student-t; ``inf``: Gaussian): what a test tile's observed value is scored
+      against (:meth:`measurement`). Without test counts, or for a model with homoscedastic
+      noise, it is the tile-mean distribution.
 
     Attributes:
         mean: (n,) predictive mean.
@@ -52,6 +54,7 @@ class Prediction:
         measurement_sd: (n,) standard deviation of a new k-test measurement, or ``None``.
         df: degrees of freedom of this distribution, > 2 (``inf``: Gaussian, as a tile mean is).
         measurement_df: degrees of freedom of a new measurement.
+        measurement_shift: (n,) a new measurement's mean minus ``mean`` (log10 units), or ``None``: 0.
     """
 
     mean: np.ndarray
@@ -59,13 +62,15 @@ class Prediction:
     measurement_sd: np.ndarray | None = None
     df: float = math.inf
     measurement_df: float = math.inf
+    measurement_shift: np.ndarray | None = None
 
     def measurement(self) -> Prediction:
-        """The distribution of a new measurement with the points' test counts (sd = measurement_sd,
-        df = measurement_df)."""
+        """The distribution of a new measurement with the points' test counts (mean + measurement_shift,
+        sd = measurement_sd, df = measurement_df)."""
         if self.measurement_sd is None:
             return self
-        return Prediction(self.mean, self.measurement_sd, df=self.measurement_df)
+        mean = self.mean if self.measurement_shift is None else self.mean + self.measurement_shift
+        return Prediction(mean, self.measurement_sd, df=self.measurement_df)
 
     @property
     def var(self) -> np.ndarray:
@@ -93,7 +98,8 @@ class Prediction:
     def subset(self, index: np.ndarray) -> Prediction:
         """The predictions at ``index`` (boolean mask or integer positions)."""
         extra = None if self.measurement_sd is None else self.measurement_sd[index]
-        return Prediction(self.mean[index], self.sd[index], extra, self.df, self.measurement_df)
+        shift = None if self.measurement_shift is None else self.measurement_shift[index]
+        return Prediction(self.mean[index], self.sd[index], extra, self.df, self.measurement_df, shift)
 
 
 def to_data_units(

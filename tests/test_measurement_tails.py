@@ -82,3 +82,35 @@ def test_apply_changes_only_the_measurement_distribution():
     assert tails.apply(no_tests) is no_tests
     fitted = MeasurementTails(df=8.0, noise_scale=1.1, validation_nll=0.62)
     assert MeasurementTails.from_payload(fitted.to_payload()) == fitted
+
+
+def test_the_test_count_shift_recovers_a_known_slope():
+    """t measurements whose centre moves by b (1/k - c): the slope and the t's df are found, and
+    the shifted family scores the rows better than the unshifted one."""
+    rng = np.random.default_rng(1)
+    n, slope = 30_000, -0.3
+    tests = rng.integers(1, 30, n).astype(np.float64)
+    centre = float(np.mean(1.0 / rng.integers(1, 30, 50_000)))
+    mean = rng.normal(size=n)
+    y = mean + slope * (1.0 / tests - centre) + _scipy_t(0.0, 0.4, 5.0).rvs(n, random_state=rng)
+    claimed = Prediction(mean, np.full(n, 0.2), measurement_sd=np.full(n, 0.4))
+    tails = fit_measurement_tails(y, claimed, tests, tests_centre=centre)
+    assert tails.tests_shift == pytest.approx(slope, abs=0.02)
+    assert tails.tests_centre == centre and tails.df in (4.0, 5.0, 6.0)
+    measured = tails.apply(claimed, tests).measurement()
+    np.testing.assert_allclose(measured.mean - mean, tails.tests_shift * (1.0 / tests - centre))
+    assert tails.validation_nll < fit_measurement_tails(y, claimed).validation_nll - 0.005
+    assert tails.apply(claimed).measurement().mean is claimed.mean  # no test counts: no shift
+    np.testing.assert_array_equal(tails.apply(claimed, tests).sd, claimed.sd)  # the tile mean never moves
+    subset = tails.apply(claimed, tests).subset(np.arange(5))
+    np.testing.assert_allclose(subset.measurement().mean, measured.mean[:5])
+    assert MeasurementTails.from_payload(tails.to_payload()) == tails
+    older = {"df": 8.0, "noise_scale": 1.1, "validation_nll": 0.6}  # a file from before the shift
+    assert MeasurementTails.from_payload(older).tests_shift == 0.0
+
+
+def test_equal_test_counts_give_no_shift():
+    rng = np.random.default_rng(2)
+    y = rng.normal(size=500)
+    claimed = Prediction(np.zeros(500), np.full(500, 0.5), measurement_sd=np.full(500, 1.0))
+    assert fit_measurement_tails(y, claimed, np.full(500, 3.0), tests_centre=0.4).tests_shift == 0.0

@@ -187,7 +187,7 @@ class GeoModel:
             years = self._years(time, len(lonlat))
             factor = self.residuals.variance_factor(lonlat, years)
             prediction = self._with_residuals(prediction, *self.residuals.condition(lonlat, years), factor)
-        return prediction if self.tails is None else self.tails.apply(prediction)
+        return prediction if self.tails is None else self.tails.apply(prediction, tests)
 
     def _combine(
         self, gp_var: np.ndarray, local_var: np.ndarray | float, factor: np.ndarray | float = 1.0,

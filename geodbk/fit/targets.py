@@ -94,7 +94,7 @@ def fit_target_correlation(
     if len(y_first) < MIN_ROWS:
         raise InputDataError(f"{len(y_first)} validation rows are too few to estimate the correlation of "
                              f"{names[0]} and {names[1]} (at least {MIN_ROWS})")
-    r_a, r_b = y_first - first.mean, y_second - second.mean
+    r_a, r_b = y_first - first.measurement().mean, y_second - second.measurement().mean
     sd_a, noise_a, total_a = _parts(first)
     sd_b, noise_b, total_b = _parts(second)
     shared_tile, shared_noise = sd_a * sd_b, noise_a * noise_b
