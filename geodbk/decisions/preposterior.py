@@ -31,6 +31,7 @@ from scipy.special import ndtr, ndtri
 
 from geodbk.errors import InputDataError
 from geodbk.fit.posterior import meets_probability
+from geodbk.models.blocks import blocks
 from geodbk.prediction import MAX_CORRELATION, probability_both_above
 
 #: Two targets: where the visits move more than this fraction of some target's variance, the
@@ -88,8 +89,7 @@ def wrong_exact(mean: np.ndarray, prior: np.ndarray, after: np.ndarray, levels: 
     if len(levels) == 1:
         return _one_target_wrong(mean[:, 0] - levels[0], removed[:, 0, 0], prior[:, 0, 0])
     out = np.empty(len(mean))
-    for start in range(0, len(mean), _PAIR_BLOCK):
-        part = slice(start, start + _PAIR_BLOCK)
+    for part in blocks(len(mean), _PAIR_BLOCK):
         out[part] = _two_target_wrong(mean[part], removed[part], after[part], levels)
     return out
 
