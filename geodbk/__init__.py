@@ -9,7 +9,9 @@ xarray at import time.
 >>> import geodbk
 >>> ds = geodbk.load_sample_dataset("PR", quarters="2023Q4")        # doctest: +SKIP
 >>> model = geodbk.fit_dataset(ds, "dbk-rbf")                        # doctest: +SKIP
->>> grid = geodbk.predict_region(model, ds.region, resolution=0.01)  # doctest: +SKIP
+>>> plan = model.plan(0.01, ds.region)                               # doctest: +SKIP
+>>> print(plan.describe())                                           # doctest: +SKIP
+>>> grid = model.grid(plan)                                          # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ _EXPORTS = {
     "evaluate": "geodbk.fit.metrics",
     "ExtrapolationWarning": "geodbk.errors",
     # grids and export
+    "MapPlan": "geodbk.maps.plan",
     "predict_grid": "geodbk.maps.predict",
-    "predict_region": "geodbk.maps.predict",
     "reference_points": "geodbk.maps.reference",
     "open_grid": "geodbk.maps.stores",
     "GridLayers": "geodbk.maps.schema",

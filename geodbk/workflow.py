@@ -41,7 +41,6 @@ from geodbk.fit.protocol import get_protocol
 from geodbk.io.geotiff import write_geotiff
 from geodbk.io.run_folder import RunFolder
 from geodbk.io.vectors import write_tile_predictions
-from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.reference import reference_points
 from geodbk.maps.summaries import write_summary
 from geodbk.maps.thresholds import DEFAULT
@@ -167,14 +166,6 @@ def evaluate_on_test(model: GeoModel, dataset: SpatialDataset, split: str = "tes
     return evaluate(rows["y"].to_numpy(np.float64), prediction, rows["urban_rural"].to_numpy().astype(str))
 
 
-def _describe(quarters: str | Sequence[str] | None) -> str:
-    if quarters is None:
-        return "all pooled"
-    if isinstance(quarters, str):
-        return quarters
-    return f"{quarters[0]}-{quarters[-1]} ({len(quarters)})"
-
-
 def run_demo(
     out_dir: str | Path,
     config: DemoConfig | None = None,
@@ -272,25 +263,25 @@ def _run_demo_into(
     if (note := dataset.test_note()) is not None:
         echo(note)
 
-    grid = RegularGrid.over(dataset.region, cfg.resolution, crs=cfg.map_crs)
-    refs = reference_points(dataset, grid)
     fitted = next(iter(models.values()))
     several = fitted.latest_quarter is not None and len(dataset.quarters) > 1
-    quarters, change_spec = cfg.map_quarter or ("all" if several else "latest"), cfg.change or (
+    quarters, change = cfg.map_quarter or ("all" if several else "latest"), cfg.change or (
         "last-year" if several else None)
-    mapped, change = fitted.map_time(quarters), fitted.change_span(change_spec)
-    echo(f"map grid: {grid.height} x {grid.width} cells of {cfg.resolution} in {grid.crs.to_string()}, "
-         f"quarters {_describe(mapped)}" + (f", change {change[0]} -> {change[1]}" if change else "")
-         + "; kernel slices (GP kinds) at "
-         + ", ".join(f"{k} ({lon:.3f}, {lat:.3f})" for k, (lon, lat) in refs.items()))
+    refs: dict[str, tuple[float, float]] = {}
     for kind, model in models.items():  # kernel-free kinds (knn, dnn) get no kernel slices or change layers
         t0 = time.perf_counter()
-        grid_ds = model.grid(
-            cfg.resolution, dataset.region, quarters, change_spec if model.has_kernel else None,
-            crs=cfg.map_crs, refs=refs if model.has_kernel else None,
-            threshold=cfg.threshold if cfg.threshold is not None else DEFAULT,
-            max_distance=cfg.max_distance, store=run.map_netcdf(kind), progress=cfg.progress,
+        map_plan = model.plan(
+            cfg.resolution, dataset.region, quarters, change if model.has_kernel else None, crs=cfg.map_crs,
+            threshold=cfg.threshold if cfg.threshold is not None else DEFAULT, max_distance=cfg.max_distance,
+            store=run.map_netcdf(kind), progress=cfg.progress,
         )
+        if not refs:  # one set for every kind's map, chosen on the first one's grid (all share it)
+            refs = reference_points(dataset, map_plan.grid)
+            echo("kernel slices (GP kinds) at " + ", ".join(f"{k} ({lon:.3f}, {lat:.3f})" for k, (lon, lat) in
+                                                             refs.items()))
+        map_plan = map_plan.with_refs(refs)
+        echo(f"{kind} map {map_plan.describe()}")
+        grid_ds = model.grid(map_plan)
         wrote(run.map_netcdf(kind))
         latest = grid_ds.isel(time=[-1]) if "time" in grid_ds.dims else grid_ds
         wrote(write_geotiff(latest, run.map_geotiff(kind)))

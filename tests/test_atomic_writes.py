@@ -223,7 +223,7 @@ def test_crashed_demo_leaves_the_previous_run_folder(tmp_path, monkeypatch) -> N
     def crash(*args, **kwargs):
         raise RuntimeError("injected: out of memory while drawing the maps")
 
-    monkeypatch.setattr(geomodel, "predict_grid", crash)  # GeoModel.grid, which the demo calls
+    monkeypatch.setattr(geomodel, "predict_plan", crash)  # GeoModel.grid, which the demo calls
     config = DemoConfig(quarters=["2023Q4"], models=("knn",), epochs=1, resolution=0.05, progress=False, device="cpu")
     with pytest.raises(RuntimeError, match="injected"):  # into a run folder only with overwrite
         run_demo(run.root, config, echo=lambda line: None, overwrite=True)
@@ -237,7 +237,7 @@ def test_crashed_demo_into_a_new_folder_leaves_nothing(tmp_path, monkeypatch) ->
     def crash(*args, **kwargs):
         raise RuntimeError("injected: out of memory while drawing the maps")
 
-    monkeypatch.setattr(geomodel, "predict_grid", crash)
+    monkeypatch.setattr(geomodel, "predict_plan", crash)
     config = DemoConfig(quarters=["2023Q4"], models=("knn",), epochs=1, resolution=0.05, progress=False, device="cpu")
     with pytest.raises(RuntimeError, match="injected"):
         run_demo(tmp_path / "outputs" / "demo", config, echo=lambda line: None)

@@ -12,7 +12,7 @@ import shapely
 from geodbk.dataset.model_info import ModelInfo
 from geodbk.errors import InputDataError
 from geodbk.maps.geometry import RegularGrid, parse_resolution
-from geodbk.maps.predict import predict_grid, predict_region
+from geodbk.maps.predict import predict_grid
 from geodbk.maps.reference import parse_refs, reference_points
 from geodbk.maps.stores import open_grid
 from geodbk.prediction import Z95
@@ -175,7 +175,7 @@ def test_metre_resolution_uses_utm_zone_and_cell_size() -> None:
 
 
 def test_other_crs_on_request() -> None:
-    ds = predict_region(PlaneModel(), PR_BBOX, 2000, crs="EPSG:32161", progress=False)
+    ds = predict_grid(PlaneModel(), RegularGrid.over(PR_BBOX, 2000, crs="EPSG:32161"), progress=False)
     assert ds.rio.crs.to_epsg() == 32161
     assert ds.rio.resolution() == pytest.approx((2000.0, -2000.0))
     # a cell is masked exactly when its centre, taken back to lon/lat, is outside the bbox

@@ -13,6 +13,15 @@ def test_public_name_resolves(name):
     assert getattr(geodbk, name) is not None
 
 
+def test_maps_are_made_by_the_model():
+    """GeoModel.plan / GeoModel.grid make maps (predict_grid is the engine below them); predict_region,
+    a second way with its arguments in another order, is gone."""
+    assert "predict_region" not in geodbk.__all__ and "MapPlan" in geodbk.__all__
+    assert callable(geodbk.GeoModel.plan) and callable(geodbk.GeoModel.grid)
+    with pytest.raises(AttributeError, match="predict_region"):
+        geodbk.predict_region
+
+
 def test_unknown_name_raises_attribute_error():
     with pytest.raises(AttributeError, match="no_such_thing"):
         geodbk.no_such_thing

@@ -343,7 +343,7 @@ def test_an_unforeseen_failure_is_one_line_with_exit_1_naming_debug(knn_run, tmp
     def bug(*args, **kwargs):
         raise ZeroDivisionError("a bug\nover two lines")
 
-    monkeypatch.setattr(geodbk.fit.geomodel, "predict_grid", bug)  # GeoModel.grid, which predict calls
+    monkeypatch.setattr(geodbk.fit.geomodel, "predict_plan", bug)  # GeoModel.grid, which predict calls
     model = knn_run / "run" / "models" / "knn.pt"
     assert main(["predict", "--model", str(model), "--out", str(tmp_path / "g.nc"), "--resolution", "0.1"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
@@ -368,7 +368,7 @@ def test_ctrl_c_is_one_line_with_exit_130(knn_run, tmp_path, monkeypatch, capsys
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(geodbk.fit.geomodel, "predict_grid", interrupted)
+    monkeypatch.setattr(geodbk.fit.geomodel, "predict_plan", interrupted)
     model = knn_run / "run" / "models" / "knn.pt"
     assert main(["predict", "--model", str(model), "--out", str(tmp_path / "g.nc"), "--resolution", "0.1"]) == 130
     lines = capsys.readouterr().err.strip().splitlines()

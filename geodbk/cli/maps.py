@@ -3,7 +3,8 @@
 
 ``predict`` and ``summarize`` refuse an area mostly outside the model's fitted extent, or
 quarters beyond its forecast allowance, unless given ``--allow-extrapolation``
-(:func:`geodbk.cli.options.check_domain`).
+(``predict``: :meth:`geodbk.maps.plan.MapPlan.check`, with every other refusal of its map;
+``summarize``: :func:`geodbk.cli.options.check_domain`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from geodbk.cli.options import (
+    EXTRAPOLATION_LIFT,
     add_extrapolation_option,
     add_map_options,
     check_device,
@@ -83,15 +85,15 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 def _run_predict(args: argparse.Namespace) -> int:
     import time
+    from dataclasses import replace
 
     from geodbk.dataset.spatial_dataset import SpatialDataset
     from geodbk.errors import InputDataError
     from geodbk.fit.geomodel import GeoModel
     from geodbk.ingest.regions import load_region
-    from geodbk.maps.geometry import RegularGrid
-    from geodbk.maps.predict import check_store
+    from geodbk.maps.plan import check_store
     from geodbk.maps.reference import parse_refs, reference_points
-    from geodbk.maps.schema import GridLayers, check_grid_size, grid_size_limit
+    from geodbk.maps.schema import grid_size_limit
 
     if args.dask_scheduler is not None:
         from geodbk.maps.parallel import check_scheduler
@@ -112,26 +114,20 @@ def _run_predict(args: argparse.Namespace) -> int:
         raise InputDataError(f"--max-cells must be >= 1, got {args.max_cells}")
     model = GeoModel.load(args.model, device=args.device)
     model.regressor.prediction_precision = args.precision
-    when = model.map_time(quarters)
-    region = load_region(args.region) if args.region else model.fitted_region()  # a polygon file's too
-    grid = RegularGrid.over(region, args.resolution, crs=args.crs)  # for the checks, references and report
-    check_domain(model, grid.geometry, quarters, change, allow=args.allow_extrapolation)
-    refs, threshold = parse_refs(args.ref), threshold_option(args)
-    with grid_size_limit(args.max_cells):  # before the reference search walks the grid's cells
-        layers = GridLayers.for_model(model, time=when, threshold=threshold, change=change, refs=refs)
-        check_grid_size(grid, layers.values_per_cell())
-    if not refs and args.dataset:
-        refs = reference_points(SpatialDataset.load(args.dataset), grid)
-    shown = ",".join(when) if isinstance(when, list) else (when or model.latest_quarter or "all fitted quarters pooled")
-    print(f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} in {grid.crs.to_string()}, "
-          f"quarter(s) {shown}" + (f"; change {change[0]} -> {change[1]}" if change else "")
-          + (f"; kernel slices at {', '.join(refs)}" if refs and model.has_kernel else ""))
-    start = time.perf_counter()
+    refs = parse_refs(args.ref)
+    plan = replace(model.plan(
+        args.resolution, load_region(args.region) if args.region else None, quarters, change, crs=args.crs,
+        allow_extrapolation=args.allow_extrapolation, refs=refs or None, threshold=threshold_option(args),
+        max_distance=args.max_distance, chunk_rows=args.chunk_rows, store=args.out, progress=not args.no_progress,
+        client=args.dask_scheduler,
+    ), domain_lift=EXTRAPOLATION_LIFT)
     with grid_size_limit(args.max_cells):
-        ds = model.grid(args.resolution, region, quarters, change, crs=args.crs, refs=refs or None,
-                        threshold=threshold, max_distance=args.max_distance, chunk_rows=args.chunk_rows,
-                        store=args.out, progress=not args.no_progress, client=args.dask_scheduler)
-    ds.close()
+        if not refs and args.dataset:  # the reference search walks the grid's cells: check the plan first
+            plan.check()
+            plan = plan.with_refs(reference_points(SpatialDataset.load(args.dataset), plan.grid))
+        print(plan.describe())  # what is asked, before grid checks it (a refusal follows on stderr)
+        start = time.perf_counter()
+        model.grid(plan).close()
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
     return 0
 

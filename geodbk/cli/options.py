@@ -215,6 +215,10 @@ def threshold_option(args: argparse.Namespace) -> float | str | None:
     return None if args.no_threshold else (DEFAULT if args.threshold is None else args.threshold)
 
 
+#: How a refusal to map outside a model's fitted domain says to map it anyway.
+EXTRAPOLATION_LIFT = "pass --allow-extrapolation to map it anyway"
+
+
 def check_domain(
     model: GeoModel, geometry: Any, quarters: Any = "latest", change: Any = None, *, allow: bool
 ) -> None:
@@ -229,10 +233,11 @@ def check_domain(
     try:
         model.check_domain(geometry, quarters, change)
     except InputDataError as err:
-        raise InputDataError(f"{err}; pass --allow-extrapolation to map it anyway") from None
+        raise InputDataError(f"{err}; {EXTRAPOLATION_LIFT}") from None
 
 
 __all__ = [
+    "EXTRAPOLATION_LIFT",
     "add_block_option",
     "add_extrapolation_option",
     "add_map_options",

@@ -18,10 +18,10 @@ decision-facing ones (targets, posterior, condition) hand over to :mod:`geodbk.f
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -45,12 +45,16 @@ from geodbk.fit.targets import TargetCorrelation
 from geodbk.fit.updates import condition_on_rows
 from geodbk.ingest.quadkey import OOKLA_ZOOM
 from geodbk.ingest.regions import Region
-from geodbk.maps.geometry import RegionLike, RegularGrid, area_sample
-from geodbk.maps.predict import predict_grid
-from geodbk.maps.thresholds import DEFAULT
+from geodbk.maps.geometry import RegionLike, RegularGrid
+from geodbk.maps.plan import MapPlan, refuse_outside
+from geodbk.maps.predict import predict_plan
+from geodbk.maps.thresholds import DEFAULT, Benchmark
 from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import ChangePrediction, Prediction
 from geodbk.quarters import Quarter, quarter_years
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from distributed import Client
 
 _FORMAT = "geodbk.fit.geomodel/2"
 
@@ -445,11 +449,9 @@ class GeoModel:
         """
         shown = self.map_time(quarters)
         asked = [shown] if shown is None or isinstance(shown, str) else list(shown)
-        problem = self.domain_report(area_sample(geometry), [*asked, *(self.change_span(change) or ())]).problem()
-        if problem is not None:
-            raise InputDataError(problem)
+        refuse_outside(self.domain_report, geometry, [*asked, *(self.change_span(change) or ())])
 
-    def grid(
+    def plan(
         self,
         resolution: float | str,
         region: RegionLike | None = None,
@@ -458,33 +460,80 @@ class GeoModel:
         *,
         crs: str | int | pyproj.CRS | None = None,
         allow_extrapolation: bool = True,
-        **kwargs: Any,
-    ) -> xr.Dataset:
-        """Map the model on a regular grid, by default over its :meth:`fitted_region` (verde's ``grid``).
+        refs: Mapping[str, tuple[float, float]] | None = None,
+        threshold: float | str | None = DEFAULT,
+        benchmark: str | Benchmark | None = "auto",
+        max_distance: float | None = None,
+        chunk_rows: int | None = None,
+        store: str | Path | None = None,
+        progress: bool = True,
+        client: Client | str | None = None,
+        overwrite: bool = False,
+    ) -> MapPlan:
+        """A map of the model on a regular grid, resolved but not predicted: its grid, layers and
+        store (:class:`~geodbk.maps.plan.MapPlan`). ``plan.describe()`` says what it holds and costs,
+        ``plan.check()`` refuses what cannot be mapped, and :meth:`grid` predicts it.
 
         Args:
             resolution: cell side in the grid CRS units (degrees by default), or ``"500m"``,
                 ``"2km"``, ``"0.01deg"``.
             region: a Region, lon/lat ``(west, south, east, north)`` bbox or lon/lat shapely
-                geometry; cells outside it are NaN. Default the fitted region.
+                geometry; cells outside it are NaN. Default the :meth:`fitted_region`.
             quarters: as in :meth:`map_time`: ``"latest"``, ``"all"``, a quarter or a list.
             change: as in :meth:`change_span`: ``None``, ``"last-year"``, ``(from, to)``.
             crs: default EPSG:4326, or the region's UTM zone for a resolution in metres.
-            allow_extrapolation: ``False`` refuses an area or quarter outside the fitted domain
-                (:meth:`check_domain`) before predicting; ``True`` predicts, with a warning.
-            kwargs: go to :func:`geodbk.maps.predict.predict_grid` (``refs``, ``threshold``,
-                ``benchmark``, ``max_distance``, ``chunk_rows``, ``store``, ``progress``, ``client``);
-                a model of download and upload maps ``p_meets`` of the service's FCC pair unless
-                ``benchmark`` says otherwise (``None``: no such layers).
+            allow_extrapolation: ``False`` makes ``check`` refuse an area or quarter outside the
+                fitted domain; ``True`` predicts there, with a warning.
+            refs: ``{name: (lon, lat)}`` degrees of the ``kernel_slice`` layer (GP kinds).
+            threshold: Mbps of the ``p_below`` layer; default the FCC benchmark; ``None``: none.
+            benchmark: the download/upload pair of the ``p_meets`` layers (``"35/3"``,
+                ``"default"``: the service's FCC pair); ``"auto"``: the FCC pair for a model of
+                download and upload, none for a one-target model; ``None``: no such layers.
+            max_distance: leave cells farther than this many metres from a training tile NaN.
+            chunk_rows, store, progress, client, overwrite: as in
+                :func:`geodbk.maps.predict.predict_grid`.
 
-        Returns:
-            float32 layers of dims ``(y, x)`` or ``(time, y, x)``, CRS in ``spatial_ref``.
+        Raises:
+            InputDataError: a resolution, region, CRS, quarter, change or option that cannot be
+                mapped (the refusals of ``check`` come from ``check``).
         """
         grid = RegularGrid.over(self.fitted_region() if region is None else region, resolution, crs=crs)
-        if not allow_extrapolation:
-            self.check_domain(grid.geometry, quarters, change)
-        kwargs.setdefault("benchmark", DEFAULT if self.targets == ("download", "upload") else None)
-        return predict_grid(self, grid, time=self.map_time(quarters), change=self.change_span(change), **kwargs)
+        if benchmark == "auto":
+            benchmark = DEFAULT if self.targets == ("download", "upload") else None
+        return MapPlan.over(
+            self, grid, refs=refs, time=self.map_time(quarters), change=self.change_span(change), threshold=threshold,
+            benchmark=benchmark, max_distance=max_distance, chunk_rows=chunk_rows, store=store, progress=progress,
+            client=client, overwrite=overwrite, domain=None if allow_extrapolation else self.domain_report,
+        )
+
+    def grid(
+        self,
+        resolution: float | str | MapPlan,
+        region: RegionLike | None = None,
+        quarters: str | Sequence[str] = "latest",
+        change: str | tuple[str, str] | None = None,
+        **options: Any,
+    ) -> xr.Dataset:
+        """Map the model on a regular grid, by default over its :meth:`fitted_region` (verde's ``grid``).
+
+        ``grid(plan)`` checks and predicts a :meth:`plan` of this model
+        (:func:`geodbk.maps.predict.predict_plan`); ``grid(resolution, region, quarters, change,
+        **options)`` is ``grid(plan(resolution, region, quarters, change, **options))``, the
+        arguments as in :meth:`plan`.
+
+        Returns:
+            float32 layers of dims ``(y, x)`` or ``(time, y, x)``, CRS in ``spatial_ref``
+            (:mod:`geodbk.maps.schema` lists them); lazily opened from ``store`` when given.
+
+        Raises:
+            InputDataError: a plan of another model, or what :meth:`plan` and
+                :meth:`~geodbk.maps.plan.MapPlan.check` refuse.
+        """
+        if not isinstance(resolution, MapPlan):
+            return self.grid(self.plan(resolution, region, quarters, change, **options))
+        if resolution.model is not self:
+            raise InputDataError(f"the plan maps another model ({resolution.model.kind}); plan it with this one")
+        return predict_plan(resolution)
 
     def save(self, path: str | Path) -> None:
         """Write the model, input space, meta and training tile locations (and those of the other

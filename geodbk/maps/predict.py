@@ -9,7 +9,9 @@ two quarters and kernel slices) at the cells inside the region polygon only (and
 ``max_distance``, within that many metres of a training tile), and writes the block into
 preallocated float32 arrays or straight into a Zarr / NetCDF store
 (:mod:`geodbk.maps.stores`), so peak memory depends on the block size and the number of
-quarters, not on the grid size.
+quarters, not on the grid size. :func:`predict_plan` does the same for a
+:class:`~geodbk.maps.plan.MapPlan` (what ``GeoModel.grid`` predicts); :func:`predict_grid` is
+:meth:`MapPlan.over` of its arguments, then :func:`predict_plan`.
 
 Given a Dask ``client``, the same :class:`GridJob` runs on the cluster's workers instead, one
 task per row block, each writing its block into the Zarr store itself
@@ -27,14 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyproj
 import xarray as xr
 from tqdm.auto import tqdm
 
-from geodbk.errors import ExtrapolationWarning, InputDataError
-from geodbk.fileio import ZARR_STORE, check_output
-from geodbk.maps.geometry import CellLocator, RegionLike, RegularGrid
-from geodbk.maps.schema import GridLayers, SpatialPredictor, check_cells_inside, grid_template
+from geodbk.errors import ExtrapolationWarning
+from geodbk.maps.geometry import CellLocator, RegularGrid
+from geodbk.maps.plan import MapPlan
+from geodbk.maps.schema import GridLayers, SpatialPredictor, grid_template
 from geodbk.maps.stores import BlockSink, MemorySink, NetCDFSink, ZarrRegions, ZarrSink
 from geodbk.maps.thresholds import DEFAULT, Benchmark
 
@@ -120,31 +121,26 @@ def predict_grid(
         Variables as listed in :mod:`geodbk.maps.schema`, float32, NaN outside the region, with
         CF attributes and the CRS in a ``spatial_ref`` coordinate (rioxarray convention).
     """
-    layers = GridLayers.for_model(model, time=time, threshold=threshold, change=change, refs=refs,
-                                  benchmark=benchmark)
-    check_cells_inside(grid)
-    if chunk_rows is None:
-        rows_per_block = max(1, grid.default_chunk_rows() // len(layers.quarters))
-    else:
-        rows_per_block = int(chunk_rows)
-    if rows_per_block < 1:
-        raise InputDataError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    rows_per_block = min(rows_per_block, grid.height)
-    if max_distance is not None and not max_distance > 0:
-        raise InputDataError(f"max_distance must be positive metres, got {max_distance}")
-    check_store(store, parallel=client is not None, overwrite=overwrite)
-    sink = _open_sink(
-        grid_template(grid, model, layers, lazy=store is not None, chunk_rows=rows_per_block,
-                      max_distance=max_distance),
-        store,
+    return predict_plan(MapPlan.over(
+        model, grid, refs=refs, time=time, change=change, threshold=threshold, benchmark=benchmark,
+        max_distance=max_distance, chunk_rows=chunk_rows, store=store, progress=progress, client=client,
         overwrite=overwrite,
-    )
-    blocks = list(grid.blocks(rows_per_block))
-    job = GridJob(model, grid, layers, max_distance, sink)
+    ))
+
+
+def predict_plan(plan: MapPlan) -> xr.Dataset:
+    """Check ``plan`` (:meth:`MapPlan.check`), then predict it one row block at a time into its
+    store (or memory); the result is described in :func:`predict_grid`."""
+    plan.check()
+    template = grid_template(plan.grid, plan.model, plan.layers, lazy=plan.store is not None,
+                             chunk_rows=plan.rows_per_block, max_distance=plan.max_distance)
+    sink = _open_sink(template, plan.store, overwrite=plan.overwrite)
+    blocks = list(plan.grid.blocks(plan.rows_per_block))
+    job = GridJob(plan.model, plan.grid, plan.layers, plan.max_distance, sink)
     log = _WarningLog()
     try:
         # closing: a failure here (a warning made an error) stops the cluster's blocks before the abort
-        with contextlib.closing(_block_warnings(job, blocks, client, progress)) as results:
+        with contextlib.closing(_block_warnings(job, blocks, plan.client, plan.progress)) as results:
             for index, caught in results:
                 log.add(index, caught)
         finished = sink.finish()
@@ -153,31 +149,6 @@ def predict_grid(
         raise
     log.emit(len(blocks))
     return finished
-
-
-def check_store(
-    store: str | Path | None,
-    *,
-    parallel: bool,
-    name: str = "store",
-    overwrite: bool = False,
-    inputs: Sequence[str | Path] = (),
-) -> None:
-    """Raise unless ``store`` is a path this run can write (a Zarr store for a Dask cluster) that
-    destroys nothing (:func:`geodbk.fileio.check_output`: not one of ``inputs``, nor holding one,
-    and replacing only its own kind unless ``overwrite``); ``name`` is what the message calls it
-    (``"--out"`` in the CLI)."""
-    suffix = None if store is None else Path(store).suffix
-    given = "none" if store is None else Path(store).name
-    if parallel and suffix != ".zarr":
-        raise InputDataError(
-            f"a Dask cluster writes its blocks straight into a Zarr store: {name} must end in .zarr, got {given}"
-        )
-    if store is not None and suffix not in (".zarr", ".nc", ".nc4"):
-        raise InputDataError(f"{name} must end in .nc or .zarr, got {given}")
-    if store is not None:
-        kind = ZARR_STORE if suffix == ".zarr" else None
-        check_output(store, kind=kind, overwrite=overwrite, inputs=inputs, name=name)
 
 
 def _open_sink(template: xr.Dataset, store: str | Path | None, *, overwrite: bool) -> BlockSink:
@@ -300,17 +271,4 @@ def _predict_block(
     return block
 
 
-def predict_region(
-    model: SpatialPredictor,
-    region: RegionLike,
-    resolution: float | str,
-    *,
-    crs: str | int | pyproj.CRS | None = None,
-    time: str | Sequence[str] | None = None,
-    **kwargs: Any,
-) -> xr.Dataset:
-    """:meth:`RegularGrid.over` then :func:`predict_grid` (``kwargs`` go to it); see both."""
-    return predict_grid(model, RegularGrid.over(region, resolution, crs=crs), time=time, **kwargs)
-
-
-__all__ = ["check_store", "predict_grid", "predict_region"]
+__all__ = ["predict_grid", "predict_plan"]

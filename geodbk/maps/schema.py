@@ -37,7 +37,7 @@ squared at the last mapped quarter (GP models only).
 Several quarters give a CF ``time`` coordinate (the first day of each quarter, with
 ``time_bounds`` to the first day of the next) and a ``quarter`` label coordinate.
 
-Size guard: before anything is allocated, :func:`grid_template` refuses a grid whose float32
+Size guard: before anything is allocated, :meth:`geodbk.maps.plan.MapPlan.check` refuses a grid whose float32
 values (cells x values per cell x 4 bytes) would exceed :data:`GRID_VALUE_BUDGET` = 4 GiB, a
 sixth of a 24 GB machine (an in-memory grid, an export or the dashboard holds a layer's
 float64 copy and masks beside them): with the 7 layers of one quarter that is 153 million
@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -211,13 +211,6 @@ class GridLayers:
                     f"change maps need a space-time GP model; {info.kind} "
                     + ("is time-free" if latest is None else "is not a GP")
                 )
-        names: tuple[str, ...] = ()
-        ref_lonlat = None
-        if refs and has_kernel:
-            names = tuple(refs)
-            ref_lonlat = np.asarray([tuple(map(float, refs[n])) for n in names], dtype=np.float64)
-            if ref_lonlat.shape != (len(names), 2) or not np.isfinite(ref_lonlat).all():
-                raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
         pair_levels, other, rho = None, None, 0.0
         if benchmark is not None:
             if tuple(model.targets) != ("download", "upload"):
@@ -225,10 +218,27 @@ class GridLayers:
                                      f"predicts {', '.join(model.targets)}")
             pair_levels = default_benchmark(info.service) if benchmark == DEFAULT else Benchmark.parse(benchmark)
             other, rho = "upload", float(model.correlation.tile)
-        return cls(
+        layers = cls(
             info.target, info.units, quarters, stacked, level,
-            pair, names, ref_lonlat, pair_levels, other, rho,  # type: ignore[arg-type]
+            pair, (), None, pair_levels, other, rho,  # type: ignore[arg-type]
         )
+        return layers.with_refs(refs, has_kernel=has_kernel)
+
+    def with_refs(self, refs: Mapping[str, tuple[float, float]] | None, *, has_kernel: bool) -> GridLayers:
+        """These layers with the ``kernel_slice`` at ``refs`` ``{name: (lon, lat)}`` degrees (none
+        without refs, or for a model without a kernel).
+
+        Raises:
+            InputDataError: a reference point that is not a finite (lon, lat) pair.
+        """
+        if not refs or not has_kernel:
+            return replace(self, ref_names=(), ref_lonlat=None)
+        names = tuple(refs)
+        ref_lonlat = np.asarray([tuple(map(float, refs[n])) for n in names], dtype=np.float64)
+        if ref_lonlat.shape != (len(names), 2) or not np.isfinite(ref_lonlat).all():
+            raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
+        return replace(self, ref_names=names, ref_lonlat=ref_lonlat)
+
 
     @property
     def key(self) -> str:
@@ -477,11 +487,9 @@ def grid_template(
     chunk_rows: int,
     max_distance: float | None,
 ) -> xr.Dataset:
-    """The empty result dataset (NaN) with coordinates, CF attributes and the CRS; refuses a grid
-    too large to hold first (:func:`check_grid_size`)."""
+    """The empty result dataset (NaN) with coordinates, CF attributes and the CRS, of a grid that
+    :meth:`~geodbk.maps.plan.MapPlan.check` passed (so not too large to hold)."""
     import dask.array as da
-
-    check_grid_size(grid, layers.values_per_cell())
 
     sizes = layers.sizes()
 
