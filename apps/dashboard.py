@@ -67,6 +67,7 @@ from dashboard_views import (
 from holoviews import streams
 
 from geodbk.errors import GeodbkError
+from geodbk.quarters import Quarter
 from geodbk.viewer import (
     ALL_QUARTERS,
     BENCHMARK_CHOICES,
@@ -220,12 +221,14 @@ class Dashboard(DashboardViews, DecisionViews):
     def fit(self) -> Fit | None:
         return self.model.value
 
-    def _quarter(self, fit: Fit | None) -> str | None:
+    def _quarter(self, fit: Fit | None) -> Quarter | None:
         """The quarter the map shows: the slider's, if the grid has it, else the grid's last
         (``None`` for a time-free model)."""
         if fit is None:
             return None
-        return shown_quarter(fit.grid(), self.map_quarter.value, fit.model().latest_quarter)
+        label = self.map_quarter.value  # the slider's options are quarter labels, or "latest" alone
+        wanted = None if label == "latest" else Quarter.parse(label)
+        return shown_quarter(fit.grid(), wanted, fit.model().latest_quarter)
 
     def _on_target(self, *_: object) -> None:
         fits = self.catalog.for_target(self.target.value)
@@ -252,7 +255,7 @@ class Dashboard(DashboardViews, DecisionViews):
         fit = self.fit
         if fit is None:
             return
-        quarters = fit.dataset().quarters
+        quarters = [str(quarter) for quarter in fit.dataset().quarters]  # the widget's labels
         self.quarter.options = [ALL_QUARTERS] + quarters
         if self.quarter.value not in self.quarter.options:
             self.quarter.value = quarters[-1] if quarters else ALL_QUARTERS
@@ -278,8 +281,9 @@ class Dashboard(DashboardViews, DecisionViews):
         self.layer.param.update(options=options, value=value)
 
     def _update_map_quarters(self, grid: xr.Dataset | None) -> None:
-        """The slider's quarters are the grid's; hidden for a 2-D grid (one quarter or time-free)."""
-        quarters = grid_quarters(grid)
+        """The slider's quarters are the grid's (its model's fitted quarters, for a run's map), as
+        labels; hidden for a 2-D grid (one quarter or time-free)."""
+        quarters = [str(quarter) for quarter in grid_quarters(grid)]
         if len(quarters) > 1:
             value = self.map_quarter.value if self.map_quarter.value in quarters else quarters[-1]
             self.map_quarter.param.update(options=quarters, value=value, visible=True)

@@ -232,12 +232,13 @@ class DashboardViews:
     def series_view(
         self, fit: Fit | None, x: float | None, y: float | None, quarter_value: str
     ) -> pn.viewable.Viewable:
-        """The predictive median and 95% band at the clicked point over every fitted quarter (one
-        ``predict_series`` call), with the observed tiles within NEAR_KM of it."""
+        """The predictive median and 95% band at the clicked point over every fitted quarter
+        (``model.info.fitted_quarters``, one ``predict_series`` call), with the observed tiles
+        within NEAR_KM of it."""
         if fit is None:
             return pn.pane.Markdown("")
         model = fit.model()
-        quarters = list(model.info.quarters)
+        quarters = list(model.info.fitted_quarters)
         if model.latest_quarter is None or not quarters:
             return pn.pane.Alert(
                 f"{fit.kind} is time-free (paper protocol): no time series", alert_type="secondary", width=SIDE_WIDTH

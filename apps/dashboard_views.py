@@ -17,6 +17,7 @@ import xarray as xr
 from bokeh.models import CustomJSHover
 from holoviews.plotting.bokeh.element import ElementPlot
 
+from geodbk.quarters import Quarter
 from geodbk.viewer import NEAR_KM, READOUT_VARIABLES, PointPrediction, Series, quarter_dates
 from geodbk.viewer.mercator import circle_mercator, lonlat_to_mercator, mercator_raster, outline_paths, with_mercator
 
@@ -163,7 +164,7 @@ def series_plot(
     target: str,
     units: str,
     title: str,
-    current: str | None,
+    current: Quarter | None,
     width: int,
     height: int,
 ) -> hv.Overlay:
@@ -175,7 +176,7 @@ def series_plot(
     x = hv.Dimension("quarter_start", label="quarter")
     y_label = f"{target} [{units}]"
     dates = quarter_dates(series.quarters)
-    labels = np.asarray(series.quarters, dtype=object)
+    labels = np.asarray([str(quarter) for quarter in series.quarters], dtype=object)
     band = hv.Area(
         (dates, series.lower, series.upper),
         x,

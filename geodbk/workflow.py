@@ -45,6 +45,7 @@ from geodbk.maps.reference import reference_points
 from geodbk.maps.summaries import write_summary
 from geodbk.maps.thresholds import DEFAULT
 from geodbk.models.config import TrainConfig
+from geodbk.quarters import Quarter
 
 #: Model kinds the demo fits by default: the headline DBK, the SVGP baseline on the same deep
 #: features and the k-nearest-tiles baseline every GP row has to beat (sv-rbf and the rest
@@ -99,7 +100,7 @@ class DemoConfig:
 
     region: str = "PR"
     target: str = "download,upload"
-    quarters: Sequence[str] | None = None
+    quarters: Sequence[Quarter | str] | None = None
     models: Sequence[str] = DEMO_MODELS
     pair_models: Sequence[str] = PAIR_MODELS
     h3_resolution: int = DEMO_H3_RESOLUTION
@@ -107,8 +108,8 @@ class DemoConfig:
     protocol: str = "space-time"
     split: str = "random"
     block_m: float | None = None
-    map_quarter: str | None = None
-    change: tuple[str, str] | None = None
+    map_quarter: Quarter | None = None
+    change: tuple[Quarter, Quarter] | None = None
     threshold: float | None = None
     max_distance: float | None = None
     epochs: int | None = None
@@ -264,7 +265,7 @@ def _run_demo_into(
         echo(note)
 
     fitted = next(iter(models.values()))
-    several = fitted.latest_quarter is not None and len(dataset.quarters) > 1
+    several = fitted.latest_quarter is not None and len(fitted.info.fitted_quarters) > 1
     quarters, change = cfg.map_quarter or ("all" if several else "latest"), cfg.change or (
         "last-year" if several else None)
     refs: dict[str, tuple[float, float]] = {}

@@ -27,9 +27,9 @@ REGION = shapely.Point(-66.5, 18.2).buffer(0.2)
 QUARTERS = ["2023Q3", "2023Q4"]
 
 
-def truth(lonlat: np.ndarray, quarter: str | None) -> tuple[np.ndarray, np.ndarray]:
+def truth(lonlat: np.ndarray, quarter: Quarter | str | None) -> tuple[np.ndarray, np.ndarray]:
     """mean = 1.5 + 0.8 (lon + 66.5) (+0.1 in 2023Q4), sd = 0.15 + 0.2 (lat - 18): log10 Mbps around 35 Mbps."""
-    step = 0.1 if quarter == "2023Q4" else 0.0
+    step = 0.1 if quarter is not None and Quarter.parse(quarter) == Quarter(2023, 4) else 0.0
     return 1.5 + 0.8 * (lonlat[:, 0] + 66.5) + step, 0.15 + 0.2 * (lonlat[:, 1] - 18.0)
 
 
@@ -38,7 +38,7 @@ class QuarterModel:
 
     info = ModelInfo("truth", target="download", units="Mbps", service="mobile")
     has_kernel = False
-    latest_quarter = "2023Q4"
+    latest_quarter = Quarter(2023, 4)
 
     def predict(self, lonlat, time=None):
         return Prediction(*truth(np.asarray(lonlat, dtype=np.float64), time or self.latest_quarter))

@@ -20,6 +20,7 @@ from geodbk.dataset.spatial_dataset import (
 from geodbk.dataset.splits import random_split
 from geodbk.errors import InputDataError, RegionError
 from geodbk.ingest.quadkey import quadkey_centres
+from geodbk.quarters import Quarter
 
 
 def test_coordinate_transform_maps_the_box_to_the_unit_square():
@@ -56,7 +57,7 @@ def test_dataset_columns_scaling_and_target(pr_dataset, pr_tiles_2023q4):
     assert list(f.columns) == expected
     assert f.crs.to_epsg() == 4326
     assert pr_dataset.target == "download" and pr_dataset.units == "Mbps"
-    assert pr_dataset.quarters == ["2023Q4"]
+    assert pr_dataset.quarters == [Quarter(2023, 4)]
     n_in = len(pr_tiles_2023q4)
     assert len(f) + pr_dataset.dropped["outside_region"] + pr_dataset.dropped["zero_value"] + pr_dataset.dropped[
         "missing_value"] == n_in
@@ -220,7 +221,7 @@ def test_summary_reports_quarters_splits_urban_and_target(pr_dataset):
 
 def test_load_sample_dataset_hawaii():
     ds = load_sample_dataset("HI", target="upload", quarters=["2023Q4"])
-    assert ds.region.code == "HI" and ds.quarters == ["2023Q4"] and 1500 < len(ds) < 1700
+    assert ds.region.code == "HI" and ds.quarters == [Quarter(2023, 4)] and 1500 < len(ds) < 1700
     with pytest.raises(RegionError, match="Puerto Rico"):
         load_sample_dataset("TX")
 

@@ -14,6 +14,7 @@ from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
 from geodbk.maps.geometry import RegularGrid
+from geodbk.quarters import Quarter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -97,11 +98,13 @@ def test_region_survives_save_and_older_files_fall_back_to_the_training_tiles(tm
 
 def test_grid_maps_latest_all_or_listed_quarters_and_the_change_over_the_last_year(two_quarter_model):
     model = two_quarter_model
-    assert model.map_time("latest") == "2023Q4" and model.map_time("all") == ["2023Q2", "2023Q3", "2023Q4"]
-    assert model.map_time("2023q3") == "2023Q3" and model.map_time(["2023Q3", "2023Q4"]) == ["2023Q3", "2023Q4"]
+    q2, q3, q4 = Quarter(2023, 2), Quarter(2023, 3), Quarter(2023, 4)
+    assert model.map_time("latest") == q4 and model.map_time("all") == [q2, q3, q4]
+    assert model.map_time("2023q3") == q3 == model.map_time(q3) and model.map_time(["2023Q3", q4]) == [q3, q4]
     # fewer than five fitted quarters: the change runs from the first one
-    assert model.change_span("last-year") == ("2023Q2", "2023Q4")
-    assert model.change_span("2023Q3:2023Q4") == ("2023Q3", "2023Q4") and model.change_span(None) is None
+    assert model.change_span("last-year") == (q2, q4)
+    assert model.change_span("2023Q3:2023Q4") == (q3, q4) == model.change_span((q3, "2023Q4"))
+    assert model.change_span(None) is None
     everything = model.grid(0.1, quarters="all", change="last-year", threshold=None, progress=False)
     assert [str(t) for t in everything["time"].dt.strftime("%Y-%m").values] == ["2023-04", "2023-07", "2023-10"]
     latest = model.grid(0.1, change=("2023Q3", "2023Q4"), threshold=None, progress=False)
@@ -126,3 +129,34 @@ def test_a_change_needs_two_fitted_quarters_and_check_domain_refuses_far_places_
         model.check_domain(model.fitted_region().geometry, "2031Q1")
     with pytest.raises(InputDataError, match="outside"):  # before a single cell is predicted
         model.grid(0.1, region=florida, allow_extrapolation=False, progress=False)
+
+
+def test_a_forecast_split_model_gives_one_answer_to_which_quarters_it_fitted():
+    """The forecast split holds the last quarter (2023Q4) out as its test set, so the model's
+    fitted quarters are 2023Q2-2023Q3, and every reader agrees: ``map_time``, the quarters of
+    the demo's "all" map (the dashboard's quarter slider), the forecast allowance that
+    ``geodbk predict --quarter`` checks, and the demo's check before it fits."""
+    from geodbk.cli.options import check_domain
+    from geodbk.dataset.splits import fitted_quarters
+    from geodbk.viewer import grid_quarters, shown_quarter
+
+    ds = load_sample_dataset("PR", quarters=["2023Q2", "2023Q3", "2023Q4"], split="forecast")
+    ds = dataclasses.replace(ds, frame=ds.frame.sample(frac=0.05, random_state=0))
+    model = fit_dataset(ds, "knn")
+    q2, q3, q4 = Quarter(2023, 2), Quarter(2023, 3), Quarter(2023, 4)
+    assert model.info.quarters == (q2, q3, q4)  # the dataset's, the held-out test quarter included
+    assert model.info.fitted_quarters == (q2, q3) == fitted_quarters(ds.quarters, "forecast")
+    assert model.info.last_fitted_quarter == model.latest_quarter == q3
+    # map_time: "latest" and "all" are the fitted quarters
+    assert model.map_time("latest") == q3 and model.map_time("all") == [q2, q3]
+    # the dashboard's slider: the quarters of the run's map, its default the last
+    grid = model.grid(0.1, quarters="all", threshold=None, progress=False)
+    assert grid_quarters(grid) == [q2, q3] and shown_quarter(grid, None, None) == q3
+    # --quarter: the forecast allowance starts at the same last fitted quarter
+    report = model.domain_report(np.array([[-66.5, 18.2]]), [q4])
+    assert report.fitted == (q2.years, q3.years) and report.quarters_after == 1
+    region = model.fitted_region().geometry
+    check_domain(model, region, q4, allow=False)  # the held-out quarter: a forecast, still allowed
+    with pytest.raises(InputDataError, match="--allow-extrapolation"):
+        check_domain(model, region, q4.shift(1), allow=False)
+    assert str(model.map_time(q4)) == "2023Q4"  # and mapped when named

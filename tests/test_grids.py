@@ -16,6 +16,7 @@ from geodbk.maps.predict import predict_grid
 from geodbk.maps.reference import parse_refs, reference_points
 from geodbk.maps.stores import open_grid
 from geodbk.prediction import Z95
+from geodbk.quarters import Quarter
 
 PR_BBOX = (-67.3, 17.9, -65.6, 18.55)
 
@@ -30,7 +31,7 @@ class PlaneModel:
 
     def __init__(self) -> None:
         self.seen: list[np.ndarray] = []
-        self.times: list[str | None] = []
+        self.times: list[Quarter | None] = []
 
     @staticmethod
     def mean(lonlat: np.ndarray) -> np.ndarray:
@@ -40,7 +41,7 @@ class PlaneModel:
     def sd(lonlat: np.ndarray) -> np.ndarray:
         return 0.1 + 0.01 * np.abs(lonlat[:, 1])
 
-    def predict(self, lonlat: np.ndarray, time: str | None = None) -> SimpleNamespace:
+    def predict(self, lonlat: np.ndarray, time: Quarter | None = None) -> SimpleNamespace:
         lonlat = np.asarray(lonlat, dtype=np.float64)
         self.seen.append(lonlat)
         self.times.append(time)
@@ -98,7 +99,7 @@ def test_cell_values_equal_model_at_cell_centre() -> None:
     grid = RegularGrid.over(PR_BBOX, 0.1)
     ds = predict_grid(model, grid, refs={"a": (-66.0, 18.3)}, time="2023Q2", progress=False)
     # mean, sd and kernel slice all at the quarter asked for, which the attrs name
-    assert model.times and set(model.times) == {"2023Q2"}
+    assert model.times and set(model.times) == {Quarter(2023, 2)}
     assert ds.attrs["quarter"] == "2023Q2"
     lon, lat = np.meshgrid(grid.x, grid.y)
     lonlat = np.column_stack([lon.ravel(), lat.ravel()])

@@ -11,7 +11,7 @@ from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import InputDataError
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
-from geodbk.quarters import quarter_years
+from geodbk.quarters import Quarter, quarter_years
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def geomodel(small_dataset):
 def test_fit_dataset_uses_the_train_split_and_records_meta(small_dataset, geomodel):
     assert geomodel.kind == "dbk-rbf"
     assert geomodel.info.target == "download" and geomodel.info.units == "Mbps"
-    assert geomodel.info.quarters == ("2023Q4",)
+    assert geomodel.info.quarters == geomodel.info.fitted_quarters == (Quarter(2023, 4),)
     assert geomodel.info.n_train == 800
     _, y, _ = small_dataset.arrays("train")
     assert geomodel.regressor.y_mean == pytest.approx(y.mean())
@@ -46,7 +46,7 @@ def test_predict_and_kernel_slice_take_degrees(small_dataset, geomodel):
     X = InputSpace.for_dataset(small_dataset, "space-time").features(lonlat, quarter_years(test["year"], test["quarter"]))
     assert X.shape == (len(test), 3)
     # predict() defaults to the latest fitted quarter, the test rows' own quarter here
-    assert geomodel.latest_quarter == "2023Q4"
+    assert geomodel.latest_quarter == Quarter(2023, 4)
     via_lonlat = geomodel.predict(lonlat)
     direct = geomodel.regressor.predict(X)
     np.testing.assert_allclose(via_lonlat.mean, direct.mean, rtol=1e-6)
@@ -174,8 +174,9 @@ def test_model_info_reads_older_files_facts_with_its_defaults_and_round_trips() 
                                  "quarters": ["2023Q3", "2023Q4"], "n_train": "12", "unknown_fact": 1})
     assert (older.service, older.posterior, older.local_residuals) == ("mobile", "trained", False)
     assert older.region_wkb_hex is None and older.fitted_region is None and older.region_geometry is None
-    assert older.quarters == ("2023Q3", "2023Q4") and older.latest_quarter == "2023Q4" and older.n_train == 12
-    assert ModelInfo.from_dict(older.to_dict()) == older
-    assert ModelInfo("knn").latest_quarter is None
+    assert older.quarters == (Quarter(2023, 3), Quarter(2023, 4)) and older.n_train == 12
+    assert older.last_fitted_quarter == Quarter(2023, 4)
+    assert ModelInfo.from_dict(older.to_dict()) == older and older.to_dict()["quarters"] == ["2023Q3", "2023Q4"]
+    assert ModelInfo("knn").last_fitted_quarter is None
     with pytest.raises(InputDataError, match="no model kind"):
         ModelInfo.from_dict({"target": "download"})

@@ -33,6 +33,7 @@ from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_centres
 from geodbk.ingest.regions import load_region
 from geodbk.fit.train import fit_arrays
 from geodbk.models.config import TrainConfig
+from geodbk.quarters import Quarter
 
 SAN_JUAN = (-66.06, 18.42)
 HONOLULU = (-157.86, 21.31)
@@ -198,7 +199,7 @@ def test_anchorage_fills_the_unit_square_where_the_alaska_box_is_a_sliver():
         for q in (3, 4)
     ]
     ds = build_dataset(pd.concat(frames, ignore_index=True), "AK")
-    assert ds.region.name == "Alaska" and len(ds) >= 500 and ds.quarters == ["2023Q3", "2023Q4"]
+    assert ds.region.name == "Alaska" and len(ds) >= 500 and ds.quarters == [Quarter(2023, 3), Quarter(2023, 4)]
 
     inputs = InputSpace.for_dataset(ds)
     uv = inputs.features(ds.frame[["lon", "lat"]].to_numpy(np.float64))[:, :2]
@@ -217,7 +218,7 @@ def test_anchorage_fills_the_unit_square_where_the_alaska_box_is_a_sliver():
 
 # --- 5. extrapolation warnings and the stored input space ---------------------------------------------
 def test_extrapolation_warnings(pr_two_quarters, pr_knn):
-    assert pr_knn.latest_quarter == "2023Q4"
+    assert pr_knn.latest_quarter == Quarter(2023, 4)
     with pytest.warns(ExtrapolationWarning, match="outside the fitted extent"):
         pr_knn.predict(np.array([HONOLULU]), "2023Q4")
     with pytest.warns(ExtrapolationWarning, match="2024Q1 is one quarter after the last fitted quarter 2023Q4"):
@@ -239,7 +240,7 @@ def test_save_load_keeps_the_input_space(pr_two_quarters, pr_knn, tmp_path):
     path = tmp_path / "knn.pt"
     pr_knn.save(path)
     loaded = GeoModel.load(path)
-    assert loaded.inputs == pr_knn.inputs and loaded.latest_quarter == "2023Q4"
+    assert loaded.inputs == pr_knn.inputs and loaded.latest_quarter == Quarter(2023, 4)
     rows = pr_two_quarters.subset("val")
     lonlat = rows[["lon", "lat"]].to_numpy(np.float64)
     for when in ("2023Q3", 2023.8):
@@ -288,7 +289,7 @@ def test_split_protocols_through_the_dataset(pr_two_quarters, tmp_path):
     last = (f["year"] == 2023) & (f["quarter"] == 4)
     np.testing.assert_array_equal(f["split"] == "test", last)
     assert (f.loc[~last, "split"] == "val").mean() == pytest.approx(1 / 9, abs=0.01)
-    assert InputSpace.for_dataset(forecast).latest == "2023Q3"  # time range from train rows
+    assert InputSpace.for_dataset(forecast).time.last == Quarter(2023, 3).years  # time range from train rows
 
     path = blocks.save(tmp_path / "blocks.parquet")
     again = SpatialDataset.load(path)

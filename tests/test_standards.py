@@ -23,6 +23,7 @@ from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.summaries import write_summary
 from geodbk.prediction import Prediction
+from geodbk.quarters import Quarter
 
 REGION = shapely.Point(-66.5, 18.2).buffer(0.3)
 
@@ -34,11 +35,11 @@ class SlopeModel:
     info = ModelInfo("slope", target="download", units="Mbps")
     targets = ("download",)
     has_kernel = False
-    latest_quarter = "2023Q4"
+    latest_quarter = Quarter(2023, 4)
 
     def predict(self, lonlat, time=None, *, tests=None):
         lonlat = np.asarray(lonlat, dtype=np.float64)
-        mean = 1.5 + (lonlat[:, 0] + 66.5) + (0.1 if time in (None, "2023Q4") else 0.0)
+        mean = 1.5 + (lonlat[:, 0] + 66.5) + (0.1 if time in (None, Quarter(2023, 4)) else 0.0)
         sd = np.full(len(lonlat), 0.2)
         extra = None if tests is None else np.sqrt(sd**2 + 0.1 / np.asarray(tests, dtype=np.float64))
         return Prediction(mean, sd, extra)

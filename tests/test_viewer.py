@@ -25,6 +25,7 @@ import xarray as xr
 
 from geodbk.errors import InputDataError
 from geodbk.prediction import Prediction, probability_below, to_data_units
+from geodbk.quarters import Quarter
 from geodbk.viewer import (
     ALL_QUARTERS,
     LAYER_BY_KEY,
@@ -70,6 +71,7 @@ from geodbk.viewer import (
 
 REPO = Path(__file__).resolve().parents[1]
 QUARTERS = ["2023Q2", "2023Q3", "2023Q4"]
+Q2, Q3, Q4 = map(Quarter.parse, QUARTERS)
 
 
 def make_grid(*, per_quarter: bool = True, units: str = "Mbps", target: str = "download") -> xr.Dataset:
@@ -141,7 +143,7 @@ def test_outline_paths_give_every_ring_in_mercator():
 
 
 def test_mercator_raster_keeps_values_and_moves_to_metres():
-    warped = mercator_raster(at_quarter(make_grid()["mean"], "2023Q4"))
+    warped = mercator_raster(at_quarter(make_grid()["mean"], Q4))
     assert warped.rio.crs is None or "spatial_ref" not in warped.coords
     assert float(warped["x"].min()) < -7.3e6 and float(warped["y"].max()) > 2.0e6  # metres, not degrees
     values = warped.to_numpy()
@@ -151,27 +153,27 @@ def test_mercator_raster_keeps_values_and_moves_to_metres():
 
 # --- cells and quarters ------------------------------------------------------------------------
 def test_grid_quarters_of_both_layouts():
-    assert grid_quarters(make_grid()) == QUARTERS
-    assert grid_quarters(make_grid(per_quarter=False)) == ["2023Q4"]
+    assert grid_quarters(make_grid()) == [Q2, Q3, Q4]
+    assert grid_quarters(make_grid(per_quarter=False)) == [Q4]
     assert grid_quarters(make_grid(per_quarter=False).assign_attrs(quarter=None)) == []
     assert grid_quarters(None) == []
 
 
-def test_at_quarter_picks_the_label_else_the_last():
+def test_at_quarter_picks_the_quarter_else_the_last():
     grid = make_grid()
-    assert at_quarter(grid["mean"], "2023Q3").dims == ("y", "x")
-    assert float(at_quarter(grid["mean"], "2023Q3")[1, 1]) == pytest.approx(float(grid["mean"][1, 1, 1]))
-    assert float(at_quarter(grid["mean"], "1999Q1")[1, 1]) == pytest.approx(float(grid["mean"][2, 1, 1]))
+    assert at_quarter(grid["mean"], Q3).dims == ("y", "x")
+    assert float(at_quarter(grid["mean"], Q3)[1, 1]) == pytest.approx(float(grid["mean"][1, 1, 1]))
+    assert float(at_quarter(grid["mean"], Quarter(1999, 1))[1, 1]) == pytest.approx(float(grid["mean"][2, 1, 1]))
     assert "quarter" not in at_quarter(grid["mean"], None).coords
     flat = make_grid(per_quarter=False)["mean"]
-    xr.testing.assert_identical(at_quarter(flat, "2023Q1"), flat)
+    xr.testing.assert_identical(at_quarter(flat, Quarter(2023, 1)), flat)
 
 
 def test_shown_quarter_and_change_span():
     grid = make_grid()
-    assert shown_quarter(grid, "2023Q3", None) == "2023Q3"
-    assert shown_quarter(grid, "latest", None) == "2023Q4"
-    assert shown_quarter(None, "latest", "2021Q1") == "2021Q1"
+    assert shown_quarter(grid, Q3, None) == Q3
+    assert shown_quarter(grid, None, None) == shown_quarter(grid, Quarter(1999, 1), None) == Q4
+    assert shown_quarter(None, None, Quarter(2021, 1)) == Quarter(2021, 1)
     assert change_span(grid) == "2022Q4 → 2023Q4"
     assert change_span(xr.Dataset(attrs={"change": "2021Q1:2022Q1"})) == "2021Q1 → 2022Q1"
 
@@ -423,11 +425,11 @@ def test_point_prediction_and_series_use_the_one_back_transform():
     assert point.median == pytest.approx(10**1.5)  # the back-transform itself is tested here, once
     assert (point.mean, point.sd, point.pi_width) == pytest.approx((1.5, 0.3, float(prediction.pi_width[1])))
     assert (point.log_lower, point.log_upper) == pytest.approx((prediction.lower[1], prediction.upper[1]))
-    series = Series.from_predictions(["2023Q3", "2023Q4"], [prediction.subset(np.array([i])) for i in range(2)])
+    series = Series.from_predictions([Q3, Q4], [prediction.subset(np.array([i])) for i in range(2)])
     expected = to_data_units(prediction.mean, prediction.sd)
     for got, want in zip((series.median, series.lower, series.upper), expected, strict=True):
         assert got == pytest.approx(want)
-    assert series.quarters == ["2023Q3", "2023Q4"]
+    assert series.quarters == [Q3, Q4]
 
 
 # --- layers ------------------------------------------------------------------------------------
@@ -505,10 +507,9 @@ def test_catalog_finds_the_fits_of_a_run_folder(run_folder, tmp_path):
     assert fit.label == "dbk-rbf (run, download)"
     for path in (fit.model_path, fit.grid_path, fit.geotiff_path, fit.test_tiles_path, fit.dataset_path):
         assert path.exists(), path
-    assert grid_quarters(fit.grid()) == QUARTERS[1:]
-    assert fit.dataset().quarters == QUARTERS[1:]
+    assert grid_quarters(fit.grid()) == fit.dataset().quarters == [Q3, Q4]
     assert {"pi_width", "urban_rural"} <= set(fit.test_tiles().columns)
-    assert fit.mercator_layer("mean", "2023Q3").dims == ("y", "x")
+    assert fit.mercator_layer("mean", Q3).dims == ("y", "x")
 
 
 def test_readers_are_cached_until_the_file_changes(run_folder):
@@ -527,13 +528,13 @@ def test_real_gp_slice_correlation_and_reference(run_folder):
     lon, lat = fit.default_reference()
     assert fit.dataset().region.geometry.buffer(0.05).contains(shapely.Point(lon, lat))
     lonlat, inside = grid_cells_lonlat(grid)
-    var_x = fit.prior_variance("2023Q4")
+    var_x = fit.prior_variance(Q4)
     assert var_x.shape == (len(lonlat),) and np.all(var_x > 0)
     cells = np.vstack([lonlat, [[lon, lat]]])
-    rho = slice_at_cells(model, cells, (lon, lat), "2023Q4", "correlation")
+    rho = slice_at_cells(model, cells, (lon, lat), Q4, "correlation")
     assert rho[-1] == pytest.approx(1.0, abs=1e-5)
     assert np.all(np.abs(rho) <= 1.0 + 1e-5)
-    cached = slice_at_cells(model, lonlat, (lon, lat), "2023Q4", "correlation", var_x)
+    cached = slice_at_cells(model, lonlat, (lon, lat), Q4, "correlation", var_x)
     assert cached == pytest.approx(rho[:-1], rel=1e-6, abs=1e-9)
     point = PointPrediction.from_prediction(model.predict(np.array([[lon, lat]]), "2023Q4"))
     assert (point.median, point.lower, point.upper) == pytest.approx(to_data_units(point.mean, point.sd))
@@ -558,12 +559,12 @@ def test_real_hexagon_table_and_posterior_correlation(run_folder):
     lon, lat = fit.default_reference()
     lonlat, _ = grid_cells_lonlat(fit.grid())
     cells = np.vstack([lonlat[:60], [[lon, lat]]])
-    rho = posterior_correlation(fit.model(), cells, (lon, lat), "2023Q4")
+    rho = posterior_correlation(fit.model(), cells, (lon, lat), Q4)
     assert rho[-1] == pytest.approx(1.0, abs=1e-6)
     assert np.all(np.abs(rho) <= 1.0 + 1e-6)
-    cached = fit.posterior_correlation((lon, lat), "2023Q4")
+    cached = fit.posterior_correlation((lon, lat), Q4)
     assert cached.shape == (len(lonlat),) and cached[:60] == pytest.approx(rho[:60], abs=1e-6)
-    prior = slice_at_cells(fit.model(), lonlat, (lon, lat), "2023Q4", "correlation", fit.prior_variance("2023Q4"))
+    prior = slice_at_cells(fit.model(), lonlat, (lon, lat), Q4, "correlation", fit.prior_variance(Q4))
     assert np.median(cached) < np.median(prior)
 
 

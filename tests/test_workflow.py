@@ -15,6 +15,7 @@ from geodbk.fit.geomodel import GeoModel
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
 from geodbk.maps.stores import open_grid
+from geodbk.quarters import Quarter
 from geodbk.workflow import DemoConfig, RunFolder, run_demo
 
 #: two GP kinds and the kernel-free knn baseline (closed form, fast), as in the demo's defaults
@@ -68,7 +69,7 @@ def test_metrics_table_by_model_and_group(demo) -> None:
 def test_saved_dataset_and_models_reload(demo) -> None:
     result, _ = demo
     dataset = SpatialDataset.load(result.run.dataset)
-    assert len(dataset) == len(result.dataset) and dataset.quarters == ["2023Q3", "2023Q4"]
+    assert len(dataset) == len(result.dataset) and dataset.quarters == [Quarter(2023, 3), Quarter(2023, 4)]
     model = GeoModel.load(result.run.model("dbk-rbf"))
     ll = dataset.frame[["lon", "lat"]].to_numpy()[:50]
     np.testing.assert_allclose(model.predict(ll).mean, result.models["dbk-rbf"].predict(ll).mean, rtol=1e-6)
@@ -83,7 +84,7 @@ def test_map_cells_equal_the_fitted_model_at_cell_centres(demo, kind: str) -> No
     # the map has every fitted quarter along time; its last is the model's latest
     assert list(ds["quarter"].values) == ["2023Q3", "2023Q4"] and ds["mean"].dims == ("time", "y", "x")
     quarter = str(ds["quarter"].values[-1])
-    assert quarter == model.latest_quarter == "2023Q4"
+    assert quarter == str(model.latest_quarter) == "2023Q4"
     if model.has_kernel:  # the year's change, here from the first fitted quarter
         assert ds.attrs["change"] == "2023Q3:2023Q4" and ds["p_increase"].dims == ("y", "x")
     else:

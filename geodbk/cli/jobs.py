@@ -197,6 +197,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
 
     from geodbk.dataset.domain import quarter_report
     from geodbk.dataset.spatial_dataset import parse_quarters, sample_tiles_path
+    from geodbk.dataset.splits import fitted_quarters
     from geodbk.dataset.targets import parse_targets
     from geodbk.errors import InputDataError
     from geodbk.ingest.regions import load_region
@@ -209,10 +210,11 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     if pairs is None:
         keys = pd.read_parquet(sample_tiles_path(config.region), columns=["year", "quarter"]).drop_duplicates()
         pairs = list(keys.itertuples(index=False, name=None))
-    quarters = [str(Quarter(int(y), int(q))) for y, q in sorted(set(pairs))]
+    quarters = [Quarter(int(y), int(q)) for y, q in sorted(set(pairs))]
     refs = ("urban", "rural", "wildland")
     pair = Benchmark(1.0, 1.0) if len(parse_targets(config.target)) == 2 else None
-    layers = GridLayers(parse_targets(config.target)[0], "", tuple(quarters), len(quarters) > 1, 1.0, ("", ""), refs,
+    layers = GridLayers(parse_targets(config.target)[0], "", tuple(quarters), len(quarters) > 1, 1.0,
+                        (quarters[0], quarters[-1]), refs,
                         np.zeros((3, 2)), pair, "upload" if pair else None)
     grid = RegularGrid.over(load_region(config.region), config.resolution, crs=config.map_crs)
     check_grid_size(grid, layers.values_per_cell(), lift="map it with geodbk predict --max-cells")
@@ -222,7 +224,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     asked = [q for q in (config.map_quarter, *(config.change or ())) if q is not None]
     if config.protocol == "paper" or not asked:
         return
-    fitted = quarters[:-1] if config.split == "forecast" and len(quarters) > 1 else quarters
+    fitted = fitted_quarters(quarters, config.split)  # what ModelInfo.fitted_quarters will say
     problem = quarter_report(fitted, asked, kind="demo's", region=config.region).problem()
     if problem is not None and not allow:
         raise InputDataError(f"{problem}; pass --allow-extrapolation to map it anyway")

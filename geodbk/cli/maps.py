@@ -10,6 +10,7 @@ quarters beyond its forecast allowance, unless given ``--allow-extrapolation``
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from geodbk.cli.options import (
     EXTRAPOLATION_LIFT,
@@ -24,6 +25,9 @@ from geodbk.cli.options import (
     parse_quarter_list,
     threshold_option,
 )
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from geodbk.quarters import Quarter
 
 #: float32-sized values a polygon summary holds per averaging cell: lon and lat (float64),
 #: polygon, weight, and the prediction's mean and sd.
@@ -103,7 +107,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     inputs = [args.model, *([args.dataset] if args.dataset else [])]
     check_store(args.out, parallel=args.dask_scheduler is not None, name="--out", inputs=inputs)
     check_device(args.device)
-    quarters: str | list[str] = "latest" if args.quarter is None else parse_quarter(args.quarter)
+    quarters: str | Quarter | list[Quarter] = "latest" if args.quarter is None else parse_quarter(args.quarter)
     if args.quarters is not None:
         quarters = "all" if args.quarters.strip().lower() == "all" else parse_quarter_list(args.quarters)
     change = parse_change(args.change)

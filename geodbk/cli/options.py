@@ -22,6 +22,7 @@ from geodbk.errors import InputDataError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.fit.geomodel import GeoModel
+    from geodbk.quarters import Quarter
 
 
 def finite_float(text: str) -> float:
@@ -179,33 +180,32 @@ def check_positive(args: argparse.Namespace, flags: Sequence[str]) -> None:
             raise InputDataError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
 
 
-def parse_change(text: str | None) -> tuple[str, str] | None:
-    """``"2022Q4:2023Q4"`` -> ``("2022Q4", "2023Q4")`` (checked), or None."""
+def parse_change(text: str | None) -> tuple[Quarter, Quarter] | None:
+    """``"2022Q4:2023Q4"`` -> ``(Quarter(2022, 4), Quarter(2023, 4))``, or None."""
     from geodbk.quarters import Quarter
 
     if text is None:
         return None
-    start, end = Quarter.parse_span(text, "--change")
-    return str(start), str(end)
+    return Quarter.parse_span(text, "--change")
 
 
-def parse_quarter(text: str, flag: str = "--quarter") -> str:
-    """``" 2023q4"`` -> ``"2023Q4"``, checked (one quarter)."""
+def parse_quarter(text: str, flag: str = "--quarter") -> Quarter:
+    """``" 2023q4"`` -> ``Quarter(2023, 4)`` (one quarter)."""
     from geodbk.quarters import Quarter
 
     if "," in text:
         raise InputDataError(f"{flag} takes one quarter, e.g. 2023Q4; got {text!r}")
-    return str(Quarter.parse(text))
+    return Quarter.parse(text)
 
 
-def parse_quarter_list(text: str, flag: str = "--quarters") -> list[str]:
-    """``"2023Q1, 2023q4"`` -> ``["2023Q1", "2023Q4"]``, each checked; at least one."""
+def parse_quarter_list(text: str, flag: str = "--quarters") -> list[Quarter]:
+    """``"2023Q1, 2023q4"`` -> ``[Quarter(2023, 1), Quarter(2023, 4)]``; at least one."""
     from geodbk.quarters import Quarter
 
     quarters = Quarter.parse_list(text)
     if not quarters:
         raise InputDataError(f"{flag} names no quarter")
-    return [str(quarter) for quarter in quarters]
+    return quarters
 
 
 def threshold_option(args: argparse.Namespace) -> float | str | None:

@@ -134,15 +134,12 @@ def beyond_region(outside: np.ndarray, lonlat: np.ndarray, region: BaseGeometry 
     return beyond
 
 
-def quarter_report(fitted: Sequence[str], asked: Sequence[str], *, kind: str = "model",
+def quarter_report(fitted: Sequence[Quarter], asked: Sequence[Quarter], *, kind: str = "model",
                    region: str | None = None) -> DomainReport:
     """The :class:`DomainReport` of quarters ``asked`` against a model fitted on the quarters
-    ``fitted`` (labels like ``"2023Q4"``), with no points: what a model will refuse before it
-    is fitted (the demo checks its map quarters with it before training)."""
-    def years(labels: Sequence[str]) -> list[float]:
-        return [Quarter.parse(label).years for label in labels]
-
-    span, queried = years(fitted), years(asked)
+    ``fitted``, with no points: what a model will refuse before it is fitted (the demo checks its
+    map quarters with it before training)."""
+    span, queried = [quarter.years for quarter in fitted], [quarter.years for quarter in asked]
     return DomainReport(
         0, 0,
         (min(queried), max(queried)) if queried else None,

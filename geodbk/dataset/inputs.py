@@ -41,14 +41,15 @@ PROTOCOLS = ("space-time", "paper")
 #: Time span (years) below which the time axis is not stretched further (one fitted quarter).
 _MIN_HALF_SPAN_YEARS = 0.5
 
-TimeLike = str | float | np.ndarray | Sequence[float] | None
+TimeLike = Quarter | str | float | np.ndarray | Sequence[float] | None
 
 
 def parse_time(when: TimeLike) -> np.ndarray | float | None:
-    """A quarter label (``"2023Q4"``), decimal years (float or (n,) array), or None -> years."""
+    """A quarter (a :class:`Quarter` or its label ``"2023Q4"``), decimal years (float or (n,) array),
+    or None -> years."""
     if when is None:
         return None
-    if isinstance(when, str):
+    if isinstance(when, Quarter | str):
         return Quarter.parse(when).years
     years = np.asarray(when, dtype=np.float64)
     if not np.isfinite(years).all():
@@ -123,11 +124,6 @@ class InputSpace:
         years = quarter_years(train["year"], train["quarter"])
         density = None if density_tiles is None else TestDensityCovariates.from_tiles(density_tiles, coords)
         return cls(coords, TimeAxis(float(years.min()), float(years.max())), protocol, density)
-
-    @property
-    def latest(self) -> str | None:
-        """The last fitted quarter, e.g. ``"2023Q4"`` (None without time)."""
-        return None if self.time is None else str(Quarter.of_years(self.time.last))
 
     def years(self, when: TimeLike, n: int) -> np.ndarray | None:
         """(n,) decimal years of ``when`` (default the latest fitted quarter), or None without time."""

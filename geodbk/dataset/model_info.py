@@ -3,6 +3,14 @@
 A model file stores these facts as a plain mapping (the ``meta`` entry of its payload, and the
 ``model_*`` attributes of its grids). :meth:`ModelInfo.from_dict` is the one reader of that
 mapping: the defaults for facts that older files lack are decided here and nowhere else.
+
+Which quarters a model was fitted on has one answer, :attr:`ModelInfo.fitted_quarters` (and its
+last, :attr:`ModelInfo.last_fitted_quarter`): the quarters of its training rows. That is every
+quarter of its dataset (:attr:`ModelInfo.quarters`) except under the forecast split, which holds
+the last quarter out as its test set. A model's ``"latest"`` and ``"all"`` maps (so the
+dashboard's quarter slider) and its change over the last year read it; the forecast allowance of
+its domain checks counts from the same last quarter (the input space's time axis spans the same
+training rows).
 """
 
 from __future__ import annotations
@@ -17,9 +25,11 @@ import shapely.errors
 from shapely.geometry.base import BaseGeometry
 
 from geodbk.dataset.spatial_dataset import POLYGONAL, dropped_by_ingest
+from geodbk.dataset.splits import fitted_quarters
 from geodbk.dataset.targets import TARGETS
 from geodbk.errors import InputDataError
 from geodbk.ingest.regions import Region
+from geodbk.quarters import Quarter
 
 #: Name of the region of a model file that stored none.
 UNNAMED_REGION = "fitted region"
@@ -37,8 +47,9 @@ class ModelInfo:
         region: the fitted region's name.
         region_wkb_hex: the fitted region's lon/lat polygon as hex WKB (``None`` for model files
             written before it was stored).
-        quarters: the fitted quarters, oldest first (``"2023Q4"`` labels; empty for a time-free
-            dataset).
+        quarters: the dataset's quarters, oldest first, a forecast split's held-out test quarter
+            included (stored as ``"2023Q4"`` labels; empty for a time-free dataset); the model's
+            own are :attr:`fitted_quarters`.
         protocol: the input protocol, ``"space-time"`` or ``"paper"``.
         split: how the dataset's rows were split (``"random"``, ``"spatial-block"``, ``"forecast"``).
         n_train: training rows.
@@ -53,7 +64,7 @@ class ModelInfo:
     service: str = "mobile"
     region: str = UNNAMED_REGION
     region_wkb_hex: str | None = None
-    quarters: tuple[str, ...] = ()
+    quarters: tuple[Quarter, ...] = ()
     protocol: str = "space-time"
     split: str = "random"
     n_train: int = 0
@@ -72,14 +83,22 @@ class ModelInfo:
         return None if geometry is None else Region(self.region, geometry)
 
     @property
-    def latest_quarter(self) -> str | None:
-        """The last fitted quarter, or ``None`` for a time-free dataset."""
-        return self.quarters[-1] if self.quarters else None
+    def fitted_quarters(self) -> tuple[Quarter, ...]:
+        """The quarters of the model's training rows, oldest first: :attr:`quarters` less the last
+        one under the forecast split (its test quarter, which the model forecasts); empty for a
+        time-free dataset. What ``"all"`` maps (:meth:`geodbk.fit.geomodel.GeoModel.map_time`)."""
+        return fitted_quarters(self.quarters, self.split)
+
+    @property
+    def last_fitted_quarter(self) -> Quarter | None:
+        """The last of :attr:`fitted_quarters` (``None`` if there are none): the model's latest
+        quarter, the default map and the start of its forecast allowance."""
+        return self.fitted_quarters[-1] if self.fitted_quarters else None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-able mapping stored in model files (``quarters`` as a list)."""
+        """The JSON-able mapping stored in model files (``quarters`` as a list of ``"2023Q4"`` labels)."""
         out = asdict(self)
-        out["quarters"] = list(self.quarters)
+        out["quarters"] = [str(quarter) for quarter in self.quarters]
         return out
 
     @classmethod
@@ -103,7 +122,8 @@ class ModelInfo:
                 kind=str(mapping["kind"]), target=str(given("target")), units=str(given("units")),
                 service=str(given("service")), region=str(given("region")),
                 region_wkb_hex=None if wkb is None else str(wkb),
-                quarters=tuple(str(q) for q in mapping.get("quarters") or ()), protocol=str(given("protocol")),
+                quarters=tuple(Quarter.parse(str(q)) for q in mapping.get("quarters") or ()),
+                protocol=str(given("protocol")),
                 split=str(given("split")), n_train=int(given("n_train")),
                 local_residuals=bool(given("local_residuals")), posterior=str(given("posterior")),
             )

@@ -139,10 +139,10 @@ class SpatialDataset:
         return len(self.frame)
 
     @property
-    def quarters(self) -> list[str]:
-        """Quarters present, sorted, as ``"2023Q4"`` strings."""
+    def quarters(self) -> list[Quarter]:
+        """Quarters present, sorted."""
         pairs = self.frame[["year", "quarter"]].drop_duplicates().sort_values(["year", "quarter"])
-        return [str(Quarter(int(y), int(q))) for y, q in pairs.itertuples(index=False)]
+        return [Quarter(int(y), int(q)) for y, q in pairs.itertuples(index=False)]
 
     def subset(self, split: str) -> gpd.GeoDataFrame:
         """Rows of one split (``"train"``, ``"val"``, ``"test"``) or ``"all"``."""
@@ -467,8 +467,11 @@ def dropped_by_ingest(
     return dropped | np.logical_or.reduce(list(invalid_rows(values).values()))
 
 
-def parse_quarters(quarters: str | Sequence[str | tuple[int, int]] | None) -> list[tuple[int, int]] | None:
-    """``"2023Q1,2023Q4"`` / ``["2023Q1", (2023, 4)]`` -> ``[(2023, 1), (2023, 4)]``; None stays None."""
+def parse_quarters(
+    quarters: str | Sequence[Quarter | str | tuple[int, int]] | None,
+) -> list[tuple[int, int]] | None:
+    """``"2023Q1,2023Q4"`` / ``["2023Q1", Quarter(2023, 3), (2023, 4)]`` -> ``[(2023, 1), (2023, 3), (2023, 4)]``
+    (the ``(year, quarter)`` pairs that ingest selects by); None stays None."""
     if quarters is None:
         return None
     if isinstance(quarters, str):
@@ -516,7 +519,7 @@ def build_dataset(
     region: str | Path | Region,
     *,
     target: str | Sequence[str] = "download",
-    quarters: str | Sequence[str | tuple[int, int]] | None = None,
+    quarters: str | Sequence[Quarter | str | tuple[int, int]] | None = None,
     seed: int = 0,
     split: str = "random",
     block_m: float | None = None,
@@ -657,7 +660,7 @@ def sample_tiles_path(region: str | Region, service: str = "mobile") -> Path:
 def load_sample_dataset(
     region: str = "PR",
     target: str | Sequence[str] = "download",
-    quarters: str | Sequence[str | tuple[int, int]] | None = None,
+    quarters: str | Sequence[Quarter | str | tuple[int, int]] | None = None,
     **kw,
 ) -> SpatialDataset:
     """Build a dataset from the shipped mobile sample (``"PR"`` or ``"HI"``, 2019Q1-2023Q4).

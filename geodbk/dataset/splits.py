@@ -33,11 +33,12 @@ blocks); the ``geodbk`` verbs that make or use a split call it, the Python API d
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from geodbk.errors import InputDataError
+from geodbk.quarters import Quarter
 
 SPLIT_PROTOCOLS = ("random", "spatial-block", "forecast")
 #: Share of rows in train / val / test.
@@ -174,6 +175,14 @@ def spatial_block_split(xy_m: np.ndarray, seed: int, block_m: float | None = DEF
             "--block-km) or the random split"
         )
     return _LABELS[_block_codes(ids, seed)[ids]]
+
+
+def fitted_quarters(quarters: Sequence[Quarter], protocol: str) -> tuple[Quarter, ...]:
+    """The quarters that hold training rows when rows of ``quarters`` (oldest first) are split by
+    ``protocol``: all but the last under ``forecast`` (:func:`forecast_split` tests on it), else all.
+    """
+    held_out = protocol == "forecast" and len(quarters) > 1
+    return tuple(quarters[:-1] if held_out else quarters)
 
 
 def forecast_split(period: np.ndarray, seed: int) -> np.ndarray:

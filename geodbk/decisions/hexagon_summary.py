@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.maps.hexagons import TILE_RESOLUTION, HexagonCover
 from geodbk.maps.thresholds import Benchmark, default_benchmark
+from geodbk.quarters import Quarter
 
 #: (hexagon, tile) points whose posterior is asked for together (whole hexagons; at least one).
 POINTS_PER_BLOCK = 50_000
@@ -67,7 +68,7 @@ def benchmark_levels(targets: tuple[str, ...], benchmark: Benchmark) -> tuple[fl
 def summarize_hexagons(
     model: Any,
     resolution: int = TILE_RESOLUTION,
-    quarter: str | None = None,
+    quarter: Quarter | str | None = None,
     benchmark: Benchmark | str | None = None,
     *,
     points_per_block: int = POINTS_PER_BLOCK,
@@ -79,7 +80,8 @@ def summarize_hexagons(
     Args:
         model: the fitted model (one target, or download and upload).
         resolution: H3 resolution, 5 to 10 (9: about 0.1 km^2, the FCC's mobile map cells).
-        quarter: e.g. ``"2023Q4"`` (default the model's latest fitted quarter).
+        quarter: a :class:`~geodbk.quarters.Quarter` or its label ``"2023Q4"`` (default the
+            model's latest fitted quarter).
         benchmark: ``Benchmark`` or ``"D/U"`` Mbps (default the FCC pair of the model's service:
             35/3 mobile, 100/20 fixed).
         points_per_block: (hexagon, tile) points predicted together (whole hexagons).
@@ -96,7 +98,7 @@ def summarize_hexagons(
     if points_per_block < 1:
         raise InputDataError(f"points_per_block must be >= 1, got {points_per_block}")
     benchmark = default_benchmark(model.info.service) if benchmark is None else Benchmark.parse(benchmark)
-    quarter = quarter or model.latest_quarter
+    quarter = model.latest_quarter if quarter is None else Quarter.parse(quarter)
     targets = tuple(model.targets)
     levels = benchmark_levels(targets, benchmark)
     cover = HexagonCover.over(model.fitted_region().geometry, resolution)

@@ -57,6 +57,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from distributed import Client
 
 _FORMAT = "geodbk.fit.geomodel/2"
+#: What :meth:`GeoModel.map_time` reads: ``"latest"``, ``"all"``, one quarter or a list of them
+#: (:class:`Quarter` values or ``"2023Q4"`` labels).
+QuartersLike = str | Quarter | Sequence[Quarter | str]
 
 
 def _lonlat(a: np.ndarray, name: str) -> np.ndarray:
@@ -144,9 +147,11 @@ class GeoModel:
         return self.regressor.has_kernel
 
     @property
-    def latest_quarter(self) -> str | None:
-        """The last fitted quarter (the default of every ``time`` argument), or None if time-free."""
-        return self.inputs.latest
+    def latest_quarter(self) -> Quarter | None:
+        """The last fitted quarter (:attr:`ModelInfo.last_fitted_quarter
+        <geodbk.dataset.model_info.ModelInfo.last_fitted_quarter>`, the default of every ``time``
+        argument), or None for a time-free model."""
+        return None if self.inputs.time is None else self.info.last_fitted_quarter
 
     def domain_report(self, lonlat: np.ndarray, times: Sequence[TimeLike] = (None,)) -> DomainReport:
         """How far ``lonlat`` (n, 2) degrees (e.g. a sample of a map's cells) at each quarter of
@@ -341,7 +346,9 @@ class GeoModel:
         areas = Prediction(area_mean, np.where(empty, np.nan, np.sqrt(var)))
         return (areas, cells) if return_cells else areas
 
-    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | float | None = None) -> np.ndarray:
+    def kernel_slice(
+        self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: Quarter | str | float | None = None
+    ) -> np.ndarray:
         """Prior kernel k((x, t), (x_ref, t)), (n, k), in (log10 units)^2, all at one quarter ``time``.
 
         The kernel of the model the maps use: with a local residual field,
@@ -405,41 +412,46 @@ class GeoModel:
         east, north = self.support.max(axis=0) + half_tile
         return Region(self.info.region, shapely.box(west, south, east, north))
 
-    def map_time(self, quarters: str | Sequence[str] = "latest") -> str | list[str] | None:
-        """The quarters a map shows: ``"latest"`` (the latest fitted quarter, a 2-D map; ``None``
-        for a time-free model), ``"all"`` (every fitted quarter along a ``time`` dimension), one
-        quarter (``"2023Q4"``, 2-D) or a list of quarters (a ``time`` dimension)."""
+    def map_time(self, quarters: QuartersLike = "latest") -> Quarter | list[Quarter] | None:
+        """The quarters a map shows: ``"latest"`` (:attr:`latest_quarter`, a 2-D map; ``None``
+        for a time-free model), ``"all"`` (every one of ``info.fitted_quarters`` along a ``time``
+        dimension), one quarter (a :class:`Quarter` or ``"2023Q4"``, 2-D) or a list of quarters
+        (a ``time`` dimension). A quarter after the fitted ones (a forecast split's test quarter)
+        is mapped when asked for by name (:meth:`check_domain` says how far ahead is allowed)."""
         if isinstance(quarters, str) and quarters.strip().lower() in ("latest", "all"):
-            if quarters.strip().lower() == "latest" or not self.info.quarters:
+            if quarters.strip().lower() == "latest" or not self.info.fitted_quarters:
                 return self.latest_quarter
-            return list(self.info.quarters)
-        if isinstance(quarters, str):
-            return str(Quarter.parse(quarters))
-        labels = [str(q) for q in Quarter.parse_list(quarters)]
-        if not labels:
-            raise InputDataError(f"no quarter to map (the model has {', '.join(self.info.quarters) or 'none'})")
-        return labels
+            return list(self.info.fitted_quarters)
+        if isinstance(quarters, Quarter | str):
+            return Quarter.parse(quarters)
+        parsed = Quarter.parse_list(quarters)
+        if not parsed:
+            fitted = ", ".join(map(str, self.info.fitted_quarters)) or "none"
+            raise InputDataError(f"no quarter to map (the model has {fitted})")
+        return parsed
 
-    def change_span(self, change: str | tuple[str, str] | None) -> tuple[str, str] | None:
+    def change_span(
+        self, change: str | tuple[Quarter | str, Quarter | str] | None
+    ) -> tuple[Quarter, Quarter] | None:
         """The ``(from, to)`` quarters of a change map: ``"last-year"`` is the year to the latest
-        fitted quarter (from the first fitted quarter when fewer than five are fitted); a pair or
-        ``"2022Q4:2023Q4"`` as given; ``None`` for no change map."""
+        fitted quarter (from the first fitted quarter when fewer than five are fitted; both of
+        ``info.fitted_quarters``); a pair or ``"2022Q4:2023Q4"`` as given; ``None`` for no change map."""
         if change is None:
             return None
         if isinstance(change, str) and change.strip().lower() == "last-year":
-            if len(self.info.quarters) < 2:
+            fitted = self.info.fitted_quarters
+            if len(fitted) < 2:
                 raise InputDataError(f"a change map needs two fitted quarters; the {self.kind} model has "
-                                     f"{len(self.info.quarters)}")
-            first, latest = Quarter.parse(self.info.quarters[0]), Quarter.parse(self.info.quarters[-1])
-            return str(max(latest.shift(-4), first)), str(latest)
+                                     f"{len(fitted)}")
+            return max(fitted[-1].shift(-4), fitted[0]), fitted[-1]
         pair = Quarter.parse_span(change) if isinstance(change, str) else [Quarter.parse(q) for q in change]
         if len(pair) != 2:
             raise InputDataError(f"a change is between two quarters, from and to; got {change!r}")
-        return str(pair[0]), str(pair[1])
+        return pair[0], pair[1]
 
     def check_domain(
-        self, geometry: shapely.Geometry, quarters: str | Sequence[str] = "latest",
-        change: str | tuple[str, str] | None = None,
+        self, geometry: shapely.Geometry, quarters: QuartersLike = "latest",
+        change: str | tuple[Quarter | str, Quarter | str] | None = None,
     ) -> None:
         """Refuse to map an area (lon/lat shapely geometry) mostly outside the fitted extent, or
         quarters beyond the forecast allowance (:meth:`~geodbk.dataset.domain.DomainReport.problem`).
@@ -448,15 +460,15 @@ class GeoModel:
             InputDataError: naming the problem.
         """
         shown = self.map_time(quarters)
-        asked = [shown] if shown is None or isinstance(shown, str) else list(shown)
+        asked = [shown] if shown is None or isinstance(shown, Quarter) else list(shown)
         refuse_outside(self.domain_report, geometry, [*asked, *(self.change_span(change) or ())])
 
     def plan(
         self,
         resolution: float | str,
         region: RegionLike | None = None,
-        quarters: str | Sequence[str] = "latest",
-        change: str | tuple[str, str] | None = None,
+        quarters: QuartersLike = "latest",
+        change: str | tuple[Quarter | str, Quarter | str] | None = None,
         *,
         crs: str | int | pyproj.CRS | None = None,
         allow_extrapolation: bool = True,
@@ -510,8 +522,8 @@ class GeoModel:
         self,
         resolution: float | str | MapPlan,
         region: RegionLike | None = None,
-        quarters: str | Sequence[str] = "latest",
-        change: str | tuple[str, str] | None = None,
+        quarters: QuartersLike = "latest",
+        change: str | tuple[Quarter | str, Quarter | str] | None = None,
         **options: Any,
     ) -> xr.Dataset:
         """Map the model on a regular grid, by default over its :meth:`fitted_region` (verde's ``grid``).

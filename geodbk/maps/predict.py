@@ -38,6 +38,7 @@ from geodbk.maps.plan import MapPlan
 from geodbk.maps.schema import GridLayers, SpatialPredictor, grid_template
 from geodbk.maps.stores import BlockSink, MemorySink, NetCDFSink, ZarrRegions, ZarrSink
 from geodbk.maps.thresholds import DEFAULT, Benchmark
+from geodbk.quarters import Quarter
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from distributed import Client
@@ -50,8 +51,8 @@ def predict_grid(
     grid: RegularGrid,
     *,
     refs: Mapping[str, tuple[float, float]] | None = None,
-    time: str | Sequence[str] | None = None,
-    change: tuple[str, str] | None = None,
+    time: Quarter | str | Sequence[Quarter | str] | None = None,
+    change: Sequence[Quarter | str] | None = None,
     threshold: float | str | None = DEFAULT,
     benchmark: str | Benchmark | None = None,
     max_distance: float | None = None,
@@ -75,9 +76,10 @@ def predict_grid(
         :func:`reference_points`); no ``kernel_slice`` when empty or when the model has no
         kernel (``has_kernel`` false, e.g. knn).
     time
-        The quarter to map, e.g. ``"2023Q4"`` (2-D layers); default the model's latest
-        fitted quarter (time-free models map their pooled quarters). A list of quarters,
-        e.g. ``["2022Q4", "2023Q4"]``, adds a CF ``time`` dimension to the per-quarter layers.
+        The quarter to map, a :class:`~geodbk.quarters.Quarter` or its label ``"2023Q4"``
+        (2-D layers); default the model's latest fitted quarter (time-free models map their
+        pooled quarters). A list of quarters, e.g. ``["2022Q4", "2023Q4"]``, adds a CF ``time``
+        dimension to the per-quarter layers.
     change
         ``(from, to)`` quarters, e.g. ``("2022Q4", "2023Q4")``: add the change layers
         (mean change, joint-posterior sd, P(increase), change of the median in data units).

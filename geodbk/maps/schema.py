@@ -95,7 +95,7 @@ def grid_size_limit(max_cells: int | None) -> Iterator[None]:
 class SpatialPredictor(Protocol):
     """Everything maps read from a fitted model (:class:`geodbk.fit.geomodel.GeoModel` is one).
 
-    ``predict`` maps ``(n, 2)`` lon/lat degrees and a quarter (``"2023Q4"``; None: the default) to
+    ``predict`` maps ``(n, 2)`` lon/lat degrees and a :class:`~geodbk.quarters.Quarter` (None: the default) to
     ``mean``, ``sd`` arrays ``(n,)`` in log10 units (of Mbps or ms); ``predict_series``, one per
     quarter. ``kernel_slice`` is the ``(n, k)`` prior kernel to ``k`` reference points (log10 units
     squared); it, ``predict_change`` and ``predict_areas`` are only called if ``has_kernel``.
@@ -116,27 +116,27 @@ class SpatialPredictor(Protocol):
     def has_kernel(self) -> bool: ...
 
     @property
-    def latest_quarter(self) -> str | None: ...
+    def latest_quarter(self) -> Quarter | None: ...
 
-    def predict(self, lonlat: np.ndarray, time: str | None = None) -> Any: ...
+    def predict(self, lonlat: np.ndarray, time: Quarter | None = None) -> Any: ...
 
-    def predict_series(self, lonlat: np.ndarray, times: Sequence[str | None]) -> list[Any]: ...
+    def predict_series(self, lonlat: np.ndarray, times: Sequence[Quarter | None]) -> list[Any]: ...
 
-    def predict_change(self, lonlat: np.ndarray, time_from: str, time_to: str) -> Any: ...
+    def predict_change(self, lonlat: np.ndarray, time_from: Quarter, time_to: Quarter) -> Any: ...
 
     def predict_areas(
-        self, lonlat: np.ndarray, groups: np.ndarray, n_groups: int, time: str | None, *, weights: np.ndarray,
+        self, lonlat: np.ndarray, groups: np.ndarray, n_groups: int, time: Quarter | None, *, weights: np.ndarray,
         return_cells: Literal[True],
     ) -> tuple[Any, Any]: ...
 
-    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray: ...
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: Quarter | None = None) -> np.ndarray: ...
 
     def distance_to_data(self, lonlat: np.ndarray) -> np.ndarray: ...
 
 
-def quarter_start(label: str) -> pd.Timestamp:
-    """``"2023Q4"`` -> 2023-10-01, the CF time value of a quarter."""
-    return pd.Timestamp(Quarter.parse(label).start)
+def quarter_start(quarter: Quarter) -> pd.Timestamp:
+    """2023Q4 -> 2023-10-01, the CF time value of a quarter."""
+    return pd.Timestamp(quarter.start)
 
 
 @dataclass(frozen=True)
@@ -158,10 +158,10 @@ class GridLayers:
 
     target: str
     units: str
-    quarters: tuple[str | None, ...]
+    quarters: tuple[Quarter | None, ...]
     stacked: bool
     threshold: float | None = None
-    change: tuple[str, str] | None = None
+    change: tuple[Quarter, Quarter] | None = None
     ref_names: tuple[str, ...] = ()
     ref_lonlat: np.ndarray | None = None
     benchmark: Benchmark | None = None
@@ -173,39 +173,36 @@ class GridLayers:
         cls,
         model: Any,
         *,
-        time: str | Sequence[str] | None = None,
+        time: Quarter | str | Sequence[Quarter | str] | None = None,
         threshold: float | str | None = DEFAULT,
-        change: tuple[str, str] | Sequence[str] | None = None,
+        change: Sequence[Quarter | str] | None = None,
         refs: Mapping[str, tuple[float, float]] | None = None,
         benchmark: str | Benchmark | None = None,
     ) -> GridLayers:
         """Resolve the grid's contents for ``model`` (see :func:`geodbk.maps.predict.predict_grid`).
-        A ``benchmark`` needs a model of download and upload (``model.targets``, ``model.correlation``)."""
+        A ``benchmark`` needs a model of download and upload (``model.targets``, ``model.correlation``).
+        Quarters (``time``, ``change``) are :class:`~geodbk.quarters.Quarter` values or their labels."""
         info = model.info
         has_kernel = model.has_kernel
         latest = model.latest_quarter
-        stacked = time is not None and not isinstance(time, str)
-        quarters: tuple[str | None, ...]
-        if time is None or isinstance(time, str):
-            quarters = (time or latest,)
+        stacked = time is not None and not isinstance(time, Quarter | str)
+        quarters: tuple[Quarter | None, ...]
+        if time is None or isinstance(time, Quarter | str):
+            quarters = (latest if time is None else _check_quarter(time),)
         else:
-            quarters = tuple(time)
+            quarters = tuple(_check_quarter(quarter) for quarter in time)
         if not quarters:
             raise InputDataError("give at least one quarter to map")
         if stacked and latest is None:
             raise InputDataError("a time-free model (paper protocol) maps one pooled surface, not several quarters")
-        for quarter in quarters:
-            if quarter is not None:
-                _check_quarter(quarter)
         if stacked and len(set(quarters)) != len(quarters):
             raise InputDataError(f"quarters repeat: {', '.join(map(str, quarters))}")
         level = resolve_threshold(threshold, info)
         pair = None
         if change is not None:
-            pair = tuple(change)
-            if len(pair) != 2:
+            if len(change) != 2:
                 raise InputDataError(f"a change is between two quarters, from and to; got {change!r}")
-            check_change(*pair)
+            pair = check_change(*change)
             if latest is None or not has_kernel:
                 raise InputDataError(
                     f"change maps need a space-time GP model; {info.kind} "
@@ -220,7 +217,7 @@ class GridLayers:
             other, rho = "upload", float(model.correlation.tile)
         layers = cls(
             info.target, info.units, quarters, stacked, level,
-            pair, (), None, pair_levels, other, rho,  # type: ignore[arg-type]
+            pair, (), None, pair_levels, other, rho,
         )
         return layers.with_refs(refs, has_kernel=has_kernel)
 
@@ -239,14 +236,13 @@ class GridLayers:
             raise InputDataError(f"reference points must be finite (lon, lat) pairs, got {dict(refs)}")
         return replace(self, ref_names=names, ref_lonlat=ref_lonlat)
 
-
     @property
     def key(self) -> str:
         """The data unit as used in variable names (``mbps``, ``ms``)."""
         return self.units.lower()
 
     @property
-    def reference_quarter(self) -> str | None:
+    def reference_quarter(self) -> Quarter | None:
         """The quarter of the kernel slices: the last mapped one."""
         return self.quarters[-1]
 
@@ -292,7 +288,7 @@ class GridLayers:
         dims: Dims = ("time", "y", "x") if self.stacked else ("y", "x")
         out = {name: (dims, attrs) for name, attrs in per_quarter.items()}
         if self.change is not None:
-            start, end = self.change
+            start, end = map(str, self.change)  # labels in the attributes
             span = f"from {start} to {end}"
             out["change"] = (("y", "x"), {"long_name": f"change of log10 {what} {span}", "units": log_u,
                                            "quarter_from": start, "quarter_to": end})
@@ -310,7 +306,7 @@ class GridLayers:
             attrs = {"long_name": "prior kernel k(x, x_ref) between each cell and the reference point",
                      "units": f"log10({u})^2"}
             if self.reference_quarter is not None:
-                attrs["quarter"] = self.reference_quarter
+                attrs["quarter"] = str(self.reference_quarter)
             out["kernel_slice"] = (("ref", "y", "x"), attrs)
         return out
 
@@ -327,14 +323,15 @@ class GridLayers:
         """The ``time``/``quarter``/``time_bounds`` and ``ref`` coordinates (xarray tuples)."""
         coords: dict[str, Any] = {}
         if self.stacked:
-            starts = [quarter_start(str(q)) for q in self.quarters]
+            starts = [quarter_start(q) for q in self.quarters if q is not None]
             ends = [start + pd.DateOffset(months=3) for start in starts]
             coords["time"] = ("time", pd.DatetimeIndex(starts).values,
                               {"standard_name": "time", "long_name": "first day of the quarter", "axis": "T",
                                "bounds": "time_bounds"})
             coords["time_bounds"] = (("time", "bounds"), np.column_stack([pd.DatetimeIndex(starts).values,
                                                                          pd.DatetimeIndex(ends).values]))
-            coords["quarter"] = ("time", np.asarray(self.quarters, dtype=object), {"long_name": "quarter label"})
+            coords["quarter"] = ("time", np.asarray([str(q) for q in self.quarters], dtype=object),
+                                 {"long_name": "quarter label"})
         if self.ref_lonlat is not None:
             coords["ref"] = ("ref", np.asarray(self.ref_names, dtype=object), {"long_name": "reference point name"})
             coords["ref_lon"] = (
@@ -386,26 +383,34 @@ class GridLayers:
         return probability_both_above(first.mean, first.sd, second.mean, second.sd, self.correlation,
                                       *self.benchmark.log10_levels)
 
-    def _pair_at(self, model: Any, lonlat: np.ndarray, quarter: str) -> tuple[Any, Any]:
+    def _pair_at(self, model: Any, lonlat: np.ndarray, quarter: Quarter) -> tuple[Any, Any]:
         assert self.other_target is not None
         return model.predict(lonlat, quarter), model.for_target(self.other_target).predict(lonlat, quarter)
 
 
-def _check_quarter(quarter: str) -> Quarter:
-    if not isinstance(quarter, str):
+def _check_quarter(quarter: Quarter | str) -> Quarter:
+    """``quarter`` as a :class:`Quarter` (parsed from a label like ``"2023Q4"``).
+
+    Raises:
+        InputDataError: anything but a Quarter or a label.
+    """
+    if not isinstance(quarter, Quarter | str):
         raise InputDataError(f"quarters are labels like '2023Q4', got {quarter!r}")
     return Quarter.parse(quarter)
 
 
-def check_change(start: str, end: str) -> None:
-    """Refuse a change that is not between two quarters: each a label like ``"2023Q4"``, and
-    different (a change of a quarter to itself is 0 with sd 0, and its P(increase) 0/0).
+def check_change(start: Quarter | str, end: Quarter | str) -> tuple[Quarter, Quarter]:
+    """The ``(from, to)`` quarters of a change, refused unless between two quarters: each a
+    :class:`Quarter` or a label like ``"2023Q4"``, and different (a change of a quarter to itself
+    is 0 with sd 0, and its P(increase) 0/0).
 
     Raises:
         InputDataError: a bad label, or the same quarter twice.
     """
-    if _check_quarter(start) == _check_quarter(end):
+    pair = _check_quarter(start), _check_quarter(end)
+    if pair[0] == pair[1]:
         raise InputDataError(f"a change is between two different quarters; got {start} to {end}")
+    return pair
 
 
 def check_cells_inside(grid: RegularGrid) -> None:
@@ -521,14 +526,14 @@ def grid_template(
     if layers.stacked:
         ds.attrs["quarters"] = ",".join(map(str, layers.quarters))
     elif layers.quarters[0] is not None:  # a time-free model maps all of its fitted quarters pooled
-        ds.attrs["quarter"] = layers.quarters[0]
+        ds.attrs["quarter"] = str(layers.quarters[0])
     if layers.threshold is not None:
         ds.attrs["threshold"] = layers.threshold
     if layers.change is not None:
-        ds.attrs["change"] = ":".join(layers.change)
+        ds.attrs["change"] = ":".join(map(str, layers.change))
     ds.attrs["model_kind"] = model.info.kind
     if model.info.quarters:
-        ds.attrs["model_quarters"] = str(list(model.info.quarters))
+        ds.attrs["model_quarters"] = str([str(quarter) for quarter in model.info.quarters])
     # inplace: rioxarray's default is a deep copy, which would double the preallocated arrays
     ds.rio.write_crs(grid.crs, inplace=True)
     ds.rio.write_transform(grid.transform, inplace=True)

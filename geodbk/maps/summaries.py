@@ -67,6 +67,7 @@ from geodbk.maps.predict import CaughtWarning
 from geodbk.maps.schema import GRID_VALUE_BUDGET
 from geodbk.maps.thresholds import DEFAULT, resolve_threshold
 from geodbk.prediction import probability_below, to_data_units
+from geodbk.quarters import Quarter
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from distributed import Client
@@ -154,7 +155,7 @@ class SummaryJob:
     """
 
     model: Any
-    quarter: str | None
+    quarter: Quarter | None
     level: float | None
     crs: pyproj.CRS
 
@@ -278,7 +279,7 @@ def summarize_polygons(
     model: Any,
     polygons: gpd.GeoDataFrame,
     *,
-    time: str | None = None,
+    time: Quarter | str | None = None,
     resolution: float | str = DEFAULT_RESOLUTION,
     threshold: float | str | None = DEFAULT,
     cells_per_block: int = CELLS_PER_BLOCK,
@@ -291,7 +292,8 @@ def summarize_polygons(
     Args:
         model: the fitted model.
         polygons: a GeoDataFrame of polygons in any CRS (kept in the output).
-        time: the quarter, e.g. ``"2023Q4"`` (default the model's latest fitted quarter).
+        time: the quarter, a :class:`~geodbk.quarters.Quarter` or its label ``"2023Q4"`` (default
+            the model's latest fitted quarter).
         resolution: side of the averaging cells (degrees, or ``"500m"`` style).
         threshold: for ``share_below``, in data units; default the FCC benchmark of the
             model's service and target; ``None`` leaves the column out.
@@ -316,7 +318,7 @@ def summarize_polygons(
     if not model.has_kernel:
         raise InputDataError(f"area summaries need a GP model; {model.kind} has no joint posterior")
     level = resolve_threshold(threshold, model.info)
-    quarter = time or model.latest_quarter
+    quarter = model.latest_quarter if time is None else Quarter.parse(time)
     blocks = (plan or plan_summary(polygons, resolution, cells_per_block)).blocks
     job = SummaryJob(model, quarter, level, pyproj.CRS.from_user_input(polygons.crs))
     n = len(polygons)
@@ -337,7 +339,7 @@ def summarize_polygons(
         warnings.warn(extrapolating[min(extrapolating)], ExtrapolationWarning, stacklevel=2)
     key = model.info.units.lower()
     out = polygons.copy()
-    out["quarter"] = quarter
+    out["quarter"] = None if quarter is None else str(quarter)
     out["cells"] = cells
     out["mean_log10"], out["sd_log10"] = mean, sd
     out[f"median_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd)

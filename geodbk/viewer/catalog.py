@@ -19,6 +19,7 @@ import xarray as xr
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import GeodbkError, InputDataError
 from geodbk.fit.geomodel import GeoModel
+from geodbk.quarters import Quarter
 from geodbk.viewer import loaders
 from geodbk.viewer.loaders import stamp
 from geodbk.workflow import RunFolder
@@ -87,17 +88,17 @@ class Fit:
     def dataset(self) -> SpatialDataset:
         return loaders.load_dataset(str(self.dataset_path), stamp(self.dataset_path))
 
-    def mercator_layer(self, variable: str, quarter: str | None) -> xr.DataArray:
+    def mercator_layer(self, variable: str, quarter: Quarter | None) -> xr.DataArray:
         """Grid ``variable`` at ``quarter`` warped to Web Mercator (see :mod:`geodbk.viewer.mercator`)."""
         return loaders.mercator_layer(str(self.grid_path), stamp(self.grid_path), variable, quarter)
 
-    def prior_variance(self, quarter: str | None) -> np.ndarray:
+    def prior_variance(self, quarter: Quarter | None) -> np.ndarray:
         """``(m,)`` prior variance k(x, x) at the grid cells inside the region (see
         :func:`geodbk.viewer.cells.grid_cells_lonlat`), (log10 units)²."""
         stamps = (stamp(self.model_path), stamp(self.grid_path))
         return loaders.prior_variance(str(self.model_path), str(self.grid_path), stamps, quarter)
 
-    def posterior_correlation(self, ref: tuple[float, float], quarter: str | None) -> np.ndarray:
+    def posterior_correlation(self, ref: tuple[float, float], quarter: Quarter | None) -> np.ndarray:
         """``(m,)`` posterior correlation (first target) between the grid cells inside the region
         (see :func:`geodbk.viewer.cells.grid_cells_lonlat`) and ``ref`` (lon, lat) at ``quarter``."""
         stamps = (stamp(self.model_path), stamp(self.grid_path))
@@ -128,7 +129,7 @@ class Fit:
         stamps = (stamp(polygons), stamp(self.dataset_path))
         return loaders.region_polygons(str(polygons), str(self.dataset_path), stamps)
 
-    def polygon_summary(self, polygons: Path, quarter: str | None) -> pd.DataFrame:
+    def polygon_summary(self, polygons: Path, quarter: Quarter | None) -> pd.DataFrame:
         """Area summary of this model over the region's polygons at ``quarter``."""
         stamps = (stamp(self.model_path), stamp(polygons), stamp(self.dataset_path))
         return loaders.polygon_summary(str(self.model_path), str(polygons), str(self.dataset_path), stamps, quarter)

@@ -1,8 +1,8 @@
 """Cells and quarters of a saved grid, as the dashboard shows them.
 
 The grid's layout (its quarters, one quarter of it, its change span and its cells) is read by
-the ``.dbk`` accessor (:class:`geodbk.io.reader.GridReader`); this module turns it into labels
-and arrays for the dashboard (a ``"2023Q4"`` string per quarter, the last quarter where the
+the ``.dbk`` accessor (:class:`geodbk.io.reader.GridReader`); this module turns it into what
+the dashboard shows (its :class:`~geodbk.quarters.Quarter` values, the last quarter where the
 wanted one is missing, lon/lat of the cells).
 """
 
@@ -14,18 +14,18 @@ import rioxarray  # noqa: F401  (registers the .rio accessor that gives a grid's
 import xarray as xr
 
 import geodbk.io.accessor  # noqa: F401  (registers the .dbk accessor that reads a grid's layout)
+from geodbk.quarters import Quarter
 
 #: Name of a lone variable while it is read as a one-variable grid (:func:`at_quarter`).
 _LONE = "values"
 
 
-def grid_quarters(grid: xr.Dataset | None) -> list[str]:
-    """Quarter labels of a grid (``grid.dbk.quarters`` as ``"2023Q4"`` strings); ``[]`` for a
-    time-free model's map or no grid."""
-    return [] if grid is None else [str(quarter) for quarter in grid.dbk.quarters]
+def grid_quarters(grid: xr.Dataset | None) -> list[Quarter]:
+    """The quarters of a grid (``grid.dbk.quarters``); ``[]`` for a time-free model's map or no grid."""
+    return [] if grid is None else list(grid.dbk.quarters)
 
 
-def shown_quarter(grid: xr.Dataset | None, wanted: str | None, fallback: str | None) -> str | None:
+def shown_quarter(grid: xr.Dataset | None, wanted: Quarter | None, fallback: Quarter | None) -> Quarter | None:
     """The quarter a map of ``grid`` shows: ``wanted`` if the grid has it, else the grid's last,
     else ``fallback`` (a time-free model's own latest quarter, or ``None``)."""
     quarters = grid_quarters(grid)
@@ -34,7 +34,7 @@ def shown_quarter(grid: xr.Dataset | None, wanted: str | None, fallback: str | N
     return quarters[-1] if quarters else fallback
 
 
-def at_quarter(values: xr.DataArray, quarter: str | None) -> xr.DataArray:
+def at_quarter(values: xr.DataArray, quarter: Quarter | None) -> xr.DataArray:
     """The 2-D ``(y, x)`` map of a grid variable at ``quarter`` (the last one when ``quarter``
     is not in the grid, ``grid.dbk.at``), keeping only the ``x``, ``y`` and ``spatial_ref``
     coordinates; a 2-D variable is returned as it is."""

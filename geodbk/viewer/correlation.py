@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import pandas as pd
 
+from geodbk.quarters import Quarter
 from geodbk.viewer.tiles import distance_km
 
 #: Smallest variance product divided by, so that a vanishing prior variance gives 0, not inf.
@@ -37,13 +38,13 @@ HALF = 0.5
 
 class KernelModel(Protocol):
     """What a slice needs from a GP (:class:`geodbk.fit.geomodel.GeoModel` is one): lon/lat
-    degrees in, one quarter (``"2023Q4"``, or ``None`` for the model's default)."""
+    degrees in, one quarter (``None`` for the model's default)."""
 
-    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: str | None = None) -> np.ndarray:
+    def kernel_slice(self, lonlat: np.ndarray, ref_lonlat: np.ndarray, time: Quarter | None = None) -> np.ndarray:
         """``(n, k)`` prior covariance between ``n`` points and ``k`` reference points."""
         ...
 
-    def prior_variance(self, lonlat: np.ndarray, time: str | None = None) -> np.ndarray:
+    def prior_variance(self, lonlat: np.ndarray, time: Quarter | None = None) -> np.ndarray:
         """``(n,)`` prior variance k(x, x)."""
         ...
 
@@ -69,7 +70,7 @@ def slice_at_cells(
     model: KernelModel,
     lonlat: np.ndarray,
     ref: tuple[float, float],
-    quarter: str | None,
+    quarter: Quarter | None,
     kind: SliceKind = "correlation",
     var_x: np.ndarray | None = None,
 ) -> np.ndarray:
@@ -89,7 +90,7 @@ def slice_at_cells(
 class PosteriorModel(Protocol):
     """What a posterior correlation needs (:class:`geodbk.fit.geomodel.GeoModel` is one)."""
 
-    def posterior(self, lonlat: np.ndarray, time: str | None = None, *, covariance: bool = True) -> Any:
+    def posterior(self, lonlat: np.ndarray, time: Quarter | None = None, *, covariance: bool = True) -> Any:
         """A :class:`geodbk.fit.posterior.MapPosterior` at ``lonlat`` (n, 2) degrees: ``targets``,
         ``n_sites``, ``covariance(rows, cols)`` between flat indices ``site * T + target`` and
         ``sd()`` (n, T)."""
@@ -100,7 +101,7 @@ def posterior_correlation(
     model: PosteriorModel,
     lonlat: np.ndarray,
     ref: tuple[float, float],
-    quarter: str | None,
+    quarter: Quarter | None,
     *,
     block: int = POSTERIOR_BLOCK,
 ) -> np.ndarray:

@@ -21,6 +21,7 @@ from geodbk.ingest.regions import read_polygons
 from geodbk.io.vectors import tile_predictions
 from geodbk.maps.stores import open_grid
 from geodbk.maps.summaries import polygons_in_region, summarize_polygons
+from geodbk.quarters import Quarter
 from geodbk.viewer.cells import at_quarter, grid_cells_lonlat
 from geodbk.viewer.correlation import posterior_correlation
 from geodbk.viewer.decisions import check_table, hexagon_columns
@@ -52,13 +53,13 @@ def load_grid(path: str, stamp: float) -> xr.Dataset:
 
 
 @functools.lru_cache(maxsize=128)
-def mercator_layer(path: str, stamp: float, variable: str, quarter: str | None) -> xr.DataArray:
+def mercator_layer(path: str, stamp: float, variable: str, quarter: Quarter | None) -> xr.DataArray:
     """One grid variable at one quarter (2-D grids: the only one), warped to Web Mercator."""
     return mercator_raster(at_quarter(load_grid(path, stamp)[variable], quarter))
 
 
 @functools.lru_cache(maxsize=32)
-def prior_variance(model_path: str, grid_path: str, stamps: tuple[float, float], quarter: str | None) -> np.ndarray:
+def prior_variance(model_path: str, grid_path: str, stamps: tuple[float, float], quarter: Quarter | None) -> np.ndarray:
     """``(m,)`` prior variance k(x, x) in (log10 units)² at the grid cells inside the region
     (in the order of :func:`geodbk.viewer.cells.grid_cells_lonlat`), at ``quarter``."""
     lonlat, _ = grid_cells_lonlat(load_grid(grid_path, stamps[1]))
@@ -67,7 +68,7 @@ def prior_variance(model_path: str, grid_path: str, stamps: tuple[float, float],
 
 @functools.lru_cache(maxsize=32)
 def cells_posterior_correlation(
-    model_path: str, grid_path: str, stamps: tuple[float, float], ref: tuple[float, float], quarter: str | None
+    model_path: str, grid_path: str, stamps: tuple[float, float], ref: tuple[float, float], quarter: Quarter | None
 ) -> np.ndarray:
     """``(m,)`` posterior correlation of the first target between the grid cells inside the
     region (as :func:`prior_variance`) and ``ref`` at ``quarter``
@@ -117,7 +118,7 @@ def region_polygons(polygons_path: str, dataset_path: str, stamps: tuple[float, 
 
 @functools.lru_cache(maxsize=64)
 def polygon_summary(
-    model_path: str, polygons_path: str, dataset_path: str, stamps: tuple[float, float, float], quarter: str | None
+    model_path: str, polygons_path: str, dataset_path: str, stamps: tuple[float, float, float], quarter: Quarter | None
 ) -> pd.DataFrame:
     """:func:`geodbk.maps.summaries.summarize_polygons` of one model and quarter over the
     region's polygons, without geometry."""

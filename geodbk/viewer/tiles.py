@@ -8,6 +8,8 @@ The frame has one row per tile-quarter with ``lon``/``lat`` (tile centre, degree
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -39,9 +41,10 @@ def tiles_geojson(frame: pd.DataFrame | None) -> str:
     return frame[list(GEOJSON_COLUMNS)].to_json()
 
 
-def quarter_dates(labels: list[str] | pd.Series) -> pd.DatetimeIndex:
-    """First day of each quarter label (``"2023Q4"`` -> 2023-10-01), the time axis of a series."""
-    return pd.DatetimeIndex([pd.Timestamp(Quarter.parse(label).start) for label in labels])
+def quarter_dates(quarters: Sequence[Quarter] | pd.Series) -> pd.DatetimeIndex:
+    """First day of each quarter (2023Q4 -> 2023-10-01; a Series holds labels, a frame's
+    ``quarter_label`` column), the time axis of a series."""
+    return pd.DatetimeIndex([pd.Timestamp(Quarter.parse(quarter).start) for quarter in quarters])
 
 
 def distance_km(lon: np.ndarray, lat: np.ndarray, lon0: float, lat0: float) -> np.ndarray:

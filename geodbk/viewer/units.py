@@ -16,6 +16,7 @@ import xarray as xr
 
 import geodbk.io.accessor  # noqa: F401  (registers the .dbk accessor used by cell_readout)
 from geodbk.prediction import Prediction, to_data_units
+from geodbk.quarters import Quarter
 
 #: Variables of :func:`cell_readout`: the median, the 95% interval (data units) and P(below).
 READOUT_VARIABLES = ("readout_median", "readout_lower", "readout_upper", "readout_p_below")
@@ -59,17 +60,17 @@ class Series:
     """The predictive distribution at one point over quarters, in data units.
 
     Attributes:
-        quarters: ``T`` quarter labels (``"2023Q4"``).
+        quarters: the ``T`` quarters.
         median, lower, upper: ``(T,)`` ``10**mean`` and the 95% interval, data units.
     """
 
-    quarters: list[str]
+    quarters: list[Quarter]
     median: np.ndarray
     lower: np.ndarray
     upper: np.ndarray
 
     @classmethod
-    def from_predictions(cls, quarters: Sequence[str], predictions: Sequence[Prediction]) -> Series:
+    def from_predictions(cls, quarters: Sequence[Quarter], predictions: Sequence[Prediction]) -> Series:
         """From ``GeoModel.predict_series`` output at one point (one prediction per quarter)."""
         mean = np.array([float(p.mean[0]) for p in predictions])
         sd = np.array([float(p.sd[0]) for p in predictions])
