@@ -24,7 +24,7 @@ import shapely
 import shapely.errors
 from shapely.geometry.base import BaseGeometry
 
-from geodbk.dataset.spatial_dataset import POLYGONAL, dropped_by_ingest
+from geodbk.dataset.file_checks import POLYGONAL, dropped_by_ingest
 from geodbk.dataset.splits import fitted_quarters
 from geodbk.dataset.targets import TARGETS
 from geodbk.errors import InputDataError
@@ -141,7 +141,7 @@ class ModelInfo:
         """Refuse a target standardisation (``y = log10`` of the target) that describes no tiles
         ingest keeps: the typical value and one sd either side, ``10**(y_mean -/+ y_std)`` in the
         target's units, must be values ingest keeps
-        (:func:`geodbk.dataset.spatial_dataset.dropped_by_ingest`: positive, at most its ceiling).
+        (:func:`geodbk.dataset.file_checks.dropped_by_ingest`: positive, at most its ceiling).
 
         Raises:
             InputDataError: otherwise (a tampered ``y_mean = 1e300`` mapped infinite speeds).

@@ -8,19 +8,18 @@ all of its metadata in the file's key-value metadata (key ``geodbk``); loading c
 and the rows by ingest's rules, so a damaged or tampered file is refused in one line. What a model
 sees of a row is decided by :class:`geodbk.dataset.inputs.InputSpace`.
 
-Size: the class and its builder, about 670 lines together: the builder writes the columns (one
-target's or several's) that the class's views, save and load (with its checks) read back.
+Size: the class and its builder, about 580 lines together: the builder writes the columns (one
+target's or several's) that the class's views, save and load read back. The checks that load
+makes of a file are in :mod:`geodbk.dataset.file_checks`.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import geopandas as gpd
 import numpy as np
@@ -32,9 +31,10 @@ import shapely.errors
 
 from geodbk import paths
 from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
+from geodbk.dataset.file_checks import check_rows, dataset_fields
 from geodbk.dataset.splits import (
     DEFAULT_BLOCK_M,
-    SPLIT_PROTOCOLS,
+    SPLITS,
     assign_split,
     block_ids,
     blocks_per_split,
@@ -50,18 +50,14 @@ from geodbk.ingest.ookla import as_tiles
 from geodbk.ingest.quadkey import quadkey_centres
 from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
 from geodbk.ingest.scan import check_selection, scan_tiles, select_rows
-from geodbk.ingest.urbanrural import RURAL, URBAN, tag_urban_rural
-from geodbk.ingest.validation import KEY_COLUMNS, check_duplicates, invalid_rows
+from geodbk.ingest.urbanrural import tag_urban_rural
 from geodbk.quarters import Quarter
 
-SPLITS = ("train", "val", "test")
 #: The columns of every dataset file (:func:`build_dataset`; a further target adds ``value_<target>``
 #: and ``y_<target>``), besides the tile polygons in ``geometry``.
 COLUMNS = ("quadkey", "year", "quarter", "service", "tests", "devices", "lon", "lat", "x1", "x2", "value", "y",
            "urban_rural", "split")
 _METADATA_KEY = b"geodbk"
-#: Geometry types a region may have.
-POLYGONAL = ("Polygon", "MultiPolygon")
 #: Rows per batch when a dataset without its polygons is saved over the file it came from.
 SAVE_BATCH_ROWS = 65536
 _FORMAT_VERSION = 1
@@ -326,34 +322,13 @@ class SpatialDataset:
         return path
 
     def check_rows(self) -> None:
-        """Refuse rows that ``geodbk ingest`` would not have written, in one line, by ingest's own
-        rules: two rows of one (quadkey, year, quarter, service)
-        (:func:`geodbk.ingest.validation.check_duplicates`), a target or count ingest drops
-        (:func:`dropped_by_ingest`), an ``urban_rural`` label other than ingest's two, or a
-        ``split`` label other than :data:`SPLITS`.
+        """Refuse rows that ``geodbk ingest`` would not have written
+        (:func:`geodbk.dataset.file_checks.check_rows`).
 
         Raises:
             InputDataError: naming the first problem found.
         """
-        frame = self.frame
-        for column, labels in (("split", SPLITS), ("urban_rural", (URBAN, RURAL))):
-            unknown = sorted(set(frame[column].astype(str).unique()) - set(labels))
-            if unknown:
-                raise InputDataError(f"the {column} column holds {', '.join(map(repr, unknown[:3]))}, not only "
-                                     f"{', '.join(labels)}")
-        check_duplicates(frame[list(KEY_COLUMNS)])
-        columns = {t: target_column(self.target, t) for t in self.targets}
-        try:
-            y = {t: frame[column].to_numpy(np.float64) for t, column in columns.items()}
-            tests, devices = (frame[column].to_numpy(np.float64) for column in ("tests", "devices"))
-        except (TypeError, ValueError) as err:
-            raise InputDataError(f"a target or count column is not numeric ({err})") from None
-        bad = np.flatnonzero(dropped_by_ingest(y, tests, devices))
-        if len(bad):
-            row = frame.iloc[bad[0]]
-            shown = ", ".join(f"{column} {row[column]}" for column in (*columns.values(), "tests", "devices"))
-            raise InputDataError(f"{len(bad):,} row(s) hold a target or count that ingest drops, e.g. quadkey "
-                                 f"{row['quadkey']} in {Quarter(int(row['year']), int(row['quarter']))} ({shown})")
+        check_rows(self.frame, self.targets)
 
     @classmethod
     def load(cls, path: str | Path, *, geometry: bool = True) -> SpatialDataset:
@@ -363,7 +338,7 @@ class SpatialDataset:
 
         Raises:
             InputDataError: in one line, for a file that is not a readable geodbk dataset, whose
-                metadata is damaged (:func:`_dataset_fields`), that lacks a column of
+                metadata is damaged (:func:`~geodbk.dataset.file_checks.dataset_fields`), that lacks a column of
                 :data:`COLUMNS` or the tile polygons, or whose rows fail :meth:`check_rows`.
         """
         path = Path(path)
@@ -376,7 +351,7 @@ class SpatialDataset:
         schema_meta = schema.metadata or {}
         if _METADATA_KEY not in schema_meta:
             raise InputDataError(f"{path} is not a geodbk dataset (no '{_METADATA_KEY.decode()}' metadata)")
-        fields = _dataset_fields(path, schema_meta[_METADATA_KEY])
+        fields = dataset_fields(path, schema_meta[_METADATA_KEY])
         targets = (fields["target"], *fields["extra_targets"])
         wanted = [*COLUMNS, *(target_column(targets[0], t, c) for t in targets[1:] for c in ("value", "y")), "geometry"]
         missing = [name for name in wanted if name not in schema.names]
@@ -396,75 +371,6 @@ class SpatialDataset:
         except InputDataError as err:
             raise InputDataError(f"dataset file {path}: {err}") from None
         return dataset
-
-
-def _dataset_fields(path: Path, raw: bytes) -> dict[str, Any]:
-    """The :class:`SpatialDataset` fields other than the frame, from a file's ``geodbk`` metadata
-    (JSON), checked: known targets in their units, a non-empty polygonal region, a known split
-    protocol, a positive block side and a non-negative buffer.
-
-    Raises:
-        InputDataError: in one line, for metadata that is not that (a tampered or damaged file).
-    """
-    try:
-        meta = json.loads(raw)
-        region = meta["region"]
-        fields: dict[str, Any] = {
-            "transform": CoordinateTransform.from_dict(meta["transform"]),
-            "region": Region(str(region["name"]), shapely.from_wkb(region["wkb_hex"]), region["code"]),
-            "target": str(meta["target"]),
-            "units": str(meta["units"]),
-            "urban_route": str(meta["urban_route"]),
-            "dropped": {str(reason): int(count) for reason, count in meta["dropped"].items()},
-            "seed": int(meta["seed"]),
-            "buffer_deg": float(meta["buffer_deg"]),
-            "split_protocol": str(meta.get("split_protocol", "random")),
-            "block_m": float(meta.get("block_m", DEFAULT_BLOCK_M)),
-            "block_choice": str(meta.get("block_choice", "given")),
-            "extra_targets": tuple(str(t) for t in meta.get("extra_targets", ())),
-        }
-        parse_targets((fields["target"], *fields["extra_targets"]))
-    except (ValueError, KeyError, TypeError, AttributeError, shapely.errors.ShapelyError) as err:
-        reason = f"no {err.args[0]!r}" if isinstance(err, KeyError) else str(err)
-        raise InputDataError(f"dataset file {path} has damaged geodbk metadata ({reason}); write it again with "
-                             "geodbk ingest") from None
-    shape, block_m, buffer_deg = fields["region"].geometry, fields["block_m"], fields["buffer_deg"]
-    problems = [
-        (fields["units"] != TARGETS[fields["target"]][2], f"units {fields['units']!r} for {fields['target']}"),
-        (shape is None or shape.is_empty or shape.geom_type not in POLYGONAL, "a region that is not a polygon"),
-        (fields["split_protocol"] not in SPLIT_PROTOCOLS, f"split protocol {fields['split_protocol']!r}"),
-        (not (math.isfinite(block_m) and block_m > 0), f"block side {block_m!r} m"),
-        (not (math.isfinite(buffer_deg) and buffer_deg >= 0), f"region buffer {buffer_deg!r} degrees"),
-    ]
-    for found, problem in problems:
-        if found:
-            raise InputDataError(f"dataset file {path} has damaged geodbk metadata ({problem}); write it again with "
-                                 "geodbk ingest")
-    return fields
-
-
-def dropped_by_ingest(
-    y: Mapping[str, np.ndarray], tests: np.ndarray | None = None, devices: np.ndarray | None = None
-) -> np.ndarray:
-    """``(n,)`` bool: rows whose targets ingest would have dropped, by its own rule
-    (:func:`geodbk.ingest.validation.invalid_rows`, and no missing or non-positive value).
-
-    Args:
-        y: ``{target: (n,) log10 values}``; each is taken back to its Ookla column's units
-            (``10**y`` times the divisor of :data:`geodbk.dataset.targets.TARGETS`).
-        tests, devices: ``(n,)`` counts of the rows; ``None``: not checked.
-    """
-    n = len(next(iter(y.values())))
-    values = {column: np.full(n, np.nan) for column, _, _ in TARGETS.values()}
-    values["tests"] = np.ones(n) if tests is None else np.asarray(tests, dtype=np.float64)
-    values["devices"] = np.full(n, np.nan) if devices is None else np.asarray(devices, dtype=np.float64)
-    dropped = np.zeros(n, dtype=bool)
-    for target, logs in y.items():
-        column, divisor, _ = TARGETS[target]
-        with np.errstate(over="ignore", invalid="ignore"):
-            values[column] = 10.0 ** np.asarray(logs, dtype=np.float64) * divisor
-            dropped |= ~(values[column] > 0)  # NaN (missing) or 0 (an underflow of y = -inf or -1e300)
-    return dropped | np.logical_or.reduce(list(invalid_rows(values).values()))
 
 
 def parse_quarters(

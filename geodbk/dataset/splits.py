@@ -41,6 +41,8 @@ from geodbk.errors import InputDataError
 from geodbk.quarters import Quarter
 
 SPLIT_PROTOCOLS = ("random", "spatial-block", "forecast")
+#: The labels every protocol gives the rows.
+SPLITS = ("train", "val", "test")
 #: Share of rows in train / val / test.
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 #: Sides of a spatial block that :func:`choose_block_m` tries, metres, largest first.
@@ -59,7 +61,7 @@ MIN_HELD_OUT_BLOCKS = 5
 NOISY_TEST_BLOCKS = 20
 NOISY_TEST_ROWS = 1_000
 
-_LABELS = np.array(["train", "val", "test"], dtype=object)
+_LABELS = np.array(SPLITS, dtype=object)
 #: The held-out splits as the messages name them.
 _HELD_OUT = {"val": "validation", "test": "test"}
 
