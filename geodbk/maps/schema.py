@@ -496,13 +496,13 @@ def grid_template(
     :meth:`~geodbk.maps.plan.MapPlan.check` passed (so not too large to hold)."""
     import dask.array as da
 
-    sizes = layers.sizes()
+    sizes, (height, width) = layers.sizes(), grid.shape
 
     def empty(dims: tuple[str, ...]) -> Any:
         lead = tuple(sizes[d] for d in dims[:-2])
         if lazy:
-            return da.full((*lead, *grid.shape), np.nan, dtype=np.float32, chunks=(*lead, chunk_rows, grid.width))
-        return np.full((*lead, *grid.shape), np.nan, dtype=np.float32)
+            return da.full((*lead, height, width), np.nan, dtype=np.float32, chunks=(*lead, chunk_rows, width))
+        return np.full((*lead, height, width), np.nan, dtype=np.float32)
 
     data_vars = {name: (dims, empty(dims), attrs) for name, (dims, attrs) in layers.variables().items()}
     x_attrs, y_attrs = _coordinate_attrs(grid.crs)
