@@ -136,12 +136,12 @@ class MapPlan:
         grid, layers = self.grid, self.layers
         quarters = [str(q) for q in layers.quarters if q is not None]
         shown = ",".join(quarters) or "all fitted quarters pooled"
-        names = list(layers.variables())
+        n_layers, values = len(layers.variables()), layers.values_per_cell()
         return (f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} in {grid.crs.to_string()}, "
                 f"quarter(s) {shown}" + (f"; change {layers.change[0]} -> {layers.change[1]}" if layers.change else "")
                 + (f"; kernel slices at {', '.join(layers.ref_names)}" if layers.ref_lonlat is not None else "")
-                + f"; {len(names)} layers ({layers.values_per_cell()} values per cell), "
-                f"{_size(self.nbytes)} of float32")
+                + f"; {n_layers} layers ({values} values per cell), "
+                f"{_size(self.cells * values * BYTES_PER_VALUE)} of float32")
 
     def check(self) -> None:
         """Refuse the request before anything is predicted or written, in this order: an area or
