@@ -17,7 +17,7 @@ picks one variant of a peer.
 Choices are made on validation data (``--eval val``); reports use the test split
 (``--eval test``, the default). ``--tune`` instead prints the validation NLL of dbk-rbf
 over a grid of positional-encoding settings and of coordinate jitters (the defaults in
-:mod:`geodbk.fit.protocol` came from it).
+:mod:`geodbk.dataset.protocols` came from it).
 
 Usage::
 
@@ -43,12 +43,12 @@ import pandas as pd
 from peers import PEERS, VARIANTS, fit_peer, missing_peers  # benchmarks/peers.py, beside this script
 
 from geodbk.dataset.coords import ProjectedTransform
+from geodbk.dataset.protocols import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.dataset.splits import block_ids
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.metrics import nll_per_row
-from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME
 from geodbk.workflow import DemoConfig, evaluate_on_test
 
 SPACE_TIME_MODELS = ("dbk-rbf", "sv-dkl", "knn")

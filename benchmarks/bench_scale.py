@@ -24,8 +24,8 @@ Training
     :class:`~geodbk.dataset.coords.ProjectedTransform` fitted to the distinct tile centres and a
     :class:`~geodbk.dataset.inputs.TimeAxis` over the training quarters, the rows split 8:1:1 by
     :func:`geodbk.dataset.splits.random_split`, targets standardised on the train rows, and
-    the space-time :class:`~geodbk.fit.protocol.Protocol`'s configs for those inputs
-    (:meth:`~geodbk.fit.protocol.Protocol.fit_configs`: encoding wavelength, coordinate jitter).
+    the space-time :class:`~geodbk.dataset.protocols.Protocol`'s configs for those inputs
+    (:func:`~geodbk.fit.protocol.fit_configs`: encoding wavelength, coordinate jitter).
     dbk-rbf of the ``--preset`` size (cpu: h = 64, r = 128, batch 1024) is then trained with
     :class:`geodbk.fit.step.TrainingStep` and :func:`geodbk.fit.step.train_epoch`, the loop of
     :func:`geodbk.fit.train.fit_arrays`. Setup
@@ -79,10 +79,11 @@ from affine import Affine
 from geodbk import paths
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.inputs import InputSpace, TimeAxis
+from geodbk.dataset.protocols import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME
 from geodbk.dataset.splits import random_split
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.geomodel import GeoModel
-from geodbk.fit.protocol import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME
+from geodbk.fit.protocol import fit_configs
 from geodbk.fit.regressor import Regressor, build_model
 from geodbk.fit.step import TrainingStep, train_epoch
 from geodbk.fit.train import make_optimizer, mean_nll
@@ -689,7 +690,7 @@ def main() -> None:
     print_data(data, pr, generate_s, generate_peak, inputs_s, inputs)
 
     preset = PRESETS[args.preset]
-    config, tc = SPACE_TIME.fit_configs(inputs.space, preset.name, dtype=args.dtype, progress=False)  # as fit_dataset
+    config, tc = fit_configs(SPACE_TIME, inputs.space, preset.name, dtype=args.dtype, progress=False)  # as fit_dataset
     if args.grid_only:
         regressor = untrained(inputs, config, tc)
     else:

@@ -51,7 +51,7 @@ _EXPORTS = {
     "DBKRegressor": "geodbk.fit.estimator",
     "fit_dataset": "geodbk.fit.fitting",
     "ModelInfo": "geodbk.dataset.model_info",
-    "Protocol": "geodbk.fit.protocol",
+    "Protocol": "geodbk.dataset.protocols",
     "evaluate": "geodbk.fit.metrics",
     "ExtrapolationWarning": "geodbk.errors",
     # grids and export

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from geodbk.dataset.density import sample_density_tiles
+from geodbk.dataset.protocols import get_protocol
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.decisions.hexagon_summary import summarize_hexagons
 from geodbk.decisions.visits import plan_hexagon_visits
@@ -37,7 +38,7 @@ from geodbk.fileio import (
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
 from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table
-from geodbk.fit.protocol import get_protocol
+from geodbk.fit.protocol import configs
 from geodbk.io.geotiff import write_geotiff
 from geodbk.io.run_folder import RunFolder
 from geodbk.io.vectors import write_tile_predictions
@@ -135,12 +136,12 @@ class DemoConfig:
 
     def train_config(self) -> TrainConfig:
         """The schedule :func:`run_demo` trains with (the preset's; explicit ``epochs`` and ``lr`` win)."""
-        return get_protocol(self.protocol).configs(self.preset, **self.overrides())[1]
+        return configs(get_protocol(self.protocol), self.preset, **self.overrides())[1]
 
     def density_tiles(self, dataset: SpatialDataset) -> pd.DataFrame | None:
         """The density layer this demo gives ``dataset``'s fits: the region's shipped
         fixed-broadband tiles with ``density`` under the space-time protocol, else ``None``."""
-        return sample_density_tiles(dataset) if self.density and self.protocol == "space-time" else None
+        return sample_density_tiles(dataset) if self.density and get_protocol(self.protocol).space_time else None
 
 
 @dataclass

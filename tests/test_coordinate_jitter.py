@@ -10,8 +10,9 @@ import torch
 from scipy.stats import norm
 from torch import nn
 
+from geodbk.dataset.protocols import COORDINATE_JITTER_M, PAPER, SPACE_TIME
 from geodbk.dataset.spatial_dataset import load_sample_dataset
-from geodbk.fit.protocol import COORDINATE_JITTER_M, PAPER, SPACE_TIME
+from geodbk.fit.protocol import fit_configs
 from geodbk.fit.step import TrainingStep
 from geodbk.models.objectives import Objective
 
@@ -114,14 +115,14 @@ def test_the_fit_is_the_regression_on_the_blurred_place():
 def test_the_space_time_protocol_jitters_by_three_km_in_the_datas_units_and_the_paper_protocol_not_at_all():
     dataset = load_sample_dataset("PR", "download")
     inputs = SPACE_TIME.input_space(dataset)
-    _, train = SPACE_TIME.fit_configs(inputs)
+    _, train = fit_configs(SPACE_TIME, inputs)
     assert COORDINATE_JITTER_M == 3000.0
     assert train.coordinate_jitter == pytest.approx(inputs.coords.metres_to_units(3000.0))
     assert inputs.coords.metres_to_units(3000.0) > 0
-    assert SPACE_TIME.fit_configs(inputs, coordinate_jitter_m=500.0)[1].coordinate_jitter == pytest.approx(
+    assert fit_configs(SPACE_TIME, inputs, coordinate_jitter_m=500.0)[1].coordinate_jitter == pytest.approx(
         inputs.coords.metres_to_units(500.0))
-    assert SPACE_TIME.fit_configs(inputs, coordinate_jitter=0.25)[1].coordinate_jitter == 0.25  # units win
-    assert PAPER.fit_configs(PAPER.input_space(dataset))[1].coordinate_jitter == 0.0
+    assert fit_configs(SPACE_TIME, inputs, coordinate_jitter=0.25)[1].coordinate_jitter == 0.25  # units win
+    assert fit_configs(PAPER, PAPER.input_space(dataset))[1].coordinate_jitter == 0.0
 
 
 @pytest.mark.parametrize("given, metres", [((), COORDINATE_JITTER_M), (("--coordinate-jitter", "1500"), 1500.0),

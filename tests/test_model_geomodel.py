@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geodbk.dataset.inputs import InputSpace
+from geodbk.dataset.protocols import SPACE_TIME
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import InputDataError
 from geodbk.fit.fitting import fit_dataset
@@ -43,7 +43,7 @@ def test_predict_and_kernel_slice_take_degrees(small_dataset, geomodel):
     test = small_dataset.subset("test")
     lonlat = test[["lon", "lat"]].to_numpy()
     # the space-time inputs (u, v, t) of the test rows, built from the dataset without the model
-    X = InputSpace.for_dataset(small_dataset, "space-time").features(lonlat, quarter_years(test["year"], test["quarter"]))
+    X = SPACE_TIME.input_space(small_dataset).features(lonlat, quarter_years(test["year"], test["quarter"]))
     assert X.shape == (len(test), 3)
     # predict() defaults to the latest fitted quarter, the test rows' own quarter here
     assert geomodel.latest_quarter == Quarter(2023, 4)

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from geodbk.fit.protocol import SPACE_TIME
+from geodbk.dataset.protocols import SPACE_TIME
+from geodbk.fit.protocol import configs
 from geodbk.models.config import CPU, PAPER, run_preset
 
 
@@ -46,7 +47,7 @@ def test_explicit_settings_win_over_the_scaled_schedule():
     # the paper's schedule is fixed, and a fit passes its training rows through the protocol
     assert PAPER.schedule(10_000_000) == (PAPER.batch_size, PAPER.lr, PAPER.epochs)
     assert run_preset("paper").configs(10_000_000)[1].batch_size == 1024
-    assert SPACE_TIME.configs("cpu", 113_000)[1].batch_size == 4096
+    assert configs(SPACE_TIME, "cpu", 113_000)[1].batch_size == 4096
 
 
 @pytest.mark.parametrize(("n_rows", "epochs"), [(800, 500), (2_074, 167), (5_500, 84), (12_000, 42), (27_000, 20)])

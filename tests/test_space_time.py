@@ -20,13 +20,13 @@ from torch.distributions import MultivariateNormal
 
 from geodbk import paths
 from geodbk.cli import main
+from geodbk.dataset.protocols import SPACE_TIME
 from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
 from geodbk.maps.geometry import RegularGrid
 from geodbk.maps.predict import predict_grid
-from geodbk.dataset.inputs import InputSpace
 from geodbk.models import ModelConfig
 from geodbk.models.objectives import exact_posterior, woodbury_log_marginal
 from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_centres
@@ -201,7 +201,7 @@ def test_anchorage_fills_the_unit_square_where_the_alaska_box_is_a_sliver():
     ds = build_dataset(pd.concat(frames, ignore_index=True), "AK")
     assert ds.region.name == "Alaska" and len(ds) >= 500 and ds.quarters == [Quarter(2023, 3), Quarter(2023, 4)]
 
-    inputs = InputSpace.for_dataset(ds)
+    inputs = SPACE_TIME.input_space(ds)
     uv = inputs.features(ds.frame[["lon", "lat"]].to_numpy(np.float64))[:, :2]
     longer = int(np.argmax(np.ptp(uv, axis=0)))
     assert uv[:, longer].min() <= -0.9 and uv[:, longer].max() >= 0.9
@@ -289,7 +289,7 @@ def test_split_protocols_through_the_dataset(pr_two_quarters, tmp_path):
     last = (f["year"] == 2023) & (f["quarter"] == 4)
     np.testing.assert_array_equal(f["split"] == "test", last)
     assert (f.loc[~last, "split"] == "val").mean() == pytest.approx(1 / 9, abs=0.01)
-    assert InputSpace.for_dataset(forecast).time.last == Quarter(2023, 3).years  # time range from train rows
+    assert SPACE_TIME.input_space(forecast).time.last == Quarter(2023, 3).years  # time range from train rows
 
     path = blocks.save(tmp_path / "blocks.parquet")
     again = SpatialDataset.load(path)

@@ -134,7 +134,7 @@ def _build(args: argparse.Namespace, tiles: list[str]) -> Any:
 
 
 def _add_fit(sub: argparse._SubParsersAction) -> None:
-    from geodbk.dataset.inputs import PROTOCOLS
+    from geodbk.dataset.protocols import PROTOCOLS, SPACE_TIME
 
     p = sub.add_parser(
         "fit",
@@ -161,7 +161,7 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--models", default="dbk-rbf,sv-rbf,sv-dkl,knn",
                    help="comma-separated model kinds (default dbk-rbf,sv-rbf,sv-dkl,knn); known: dbk-rbf, "
                    "dbk-silu, exact-dbk, sv-rbf, sv-dkl, pp-dkl, vbll, dnn, knn and registered extras")
-    p.add_argument("--protocol", choices=PROTOCOLS, default=PROTOCOLS[0],
+    p.add_argument("--protocol", choices=list(PROTOCOLS), default=SPACE_TIME.name,
                    help="model inputs (default space-time; paper: region box, no time, one noise)")
     p.add_argument("--no-test-noise", action="store_true",
                    help="one noise variance instead of sigma0^2 + sigma1^2/tests (space-time protocol)")
@@ -281,11 +281,12 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     import time
     from pathlib import Path
 
+    from geodbk.dataset.protocols import MIN_WAVELENGTH_M, get_protocol
     from geodbk.dataset.spatial_dataset import SpatialDataset
     from geodbk.fit.distributed import is_worker
     from geodbk.fit.fitting import fit_dataset
     from geodbk.fit.metrics import format_metrics_table
-    from geodbk.fit.protocol import MIN_WAVELENGTH_M, get_protocol
+    from geodbk.fit.protocol import configs
     from geodbk.models.config import check_model_size
     from geodbk.workflow import RunFolder, evaluate_on_test
 
@@ -301,7 +302,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
         "progress": not args.no_progress, "dtype": args.dtype, "encoding_scales": args.encoding_scales,
         "test_noise": False if args.no_test_noise else None,
     }
-    model_config = get_protocol(args.protocol).model_config(preset, **overrides)
+    model_config = configs(get_protocol(args.protocol), preset, **overrides)[0]
     dataset = SpatialDataset.load(args.dataset, geometry=False)  # polygons: 1.6 KB a row, not needed to fit
     if args.split is not None:
         dataset = dataset.with_split(args.split, seed=args.seed, block_m=block_metres(args))

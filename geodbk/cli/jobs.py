@@ -84,7 +84,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    from geodbk.dataset.inputs import PROTOCOLS
+    from geodbk.dataset.protocols import PROTOCOLS
 
     # defaults live in geodbk.workflow.DemoConfig (not imported here: it pulls in torch);
     # an option left unset keeps the DemoConfig default named in its help
@@ -110,7 +110,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quarters", help="comma-separated quarters, e.g. 2023Q1,2023Q4 "
                    "(default all: the 19 complete quarters 2019Q1-2023Q4)")
     p.add_argument("--models", help="comma-separated model kinds to fit (default dbk-rbf,sv-dkl,knn)")
-    p.add_argument("--protocol", choices=PROTOCOLS, help="model inputs (default space-time)")
+    p.add_argument("--protocol", choices=list(PROTOCOLS), help="model inputs (default space-time)")
     p.add_argument("--split", choices=("random", "spatial-block", "forecast"),
                    help="train/val/test protocol (default random)")
     add_block_option(p)
@@ -196,6 +196,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     import pandas as pd
 
     from geodbk.dataset.domain import quarter_report
+    from geodbk.dataset.protocols import get_protocol
     from geodbk.dataset.spatial_dataset import parse_quarters, sample_tiles_path
     from geodbk.dataset.splits import fitted_quarters
     from geodbk.dataset.targets import parse_targets
@@ -222,7 +223,7 @@ def _check_demo_maps(config: Any, *, allow: bool) -> None:
     if config.change is not None:
         check_change(*config.change)
     asked = [q for q in (config.map_quarter, *(config.change or ())) if q is not None]
-    if config.protocol == "paper" or not asked:
+    if not get_protocol(config.protocol).space_time or not asked:  # a time-free model maps any quarter
         return
     fitted = fitted_quarters(quarters, config.split)  # what ModelInfo.fitted_quarters will say
     problem = quarter_report(fitted, asked, kind="demo's", region=config.region).problem()

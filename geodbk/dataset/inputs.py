@@ -1,8 +1,8 @@
 """What a map model sees: :class:`InputSpace` turns (lon, lat, quarter) into model inputs X.
 
-Two protocols:
+Two input spaces, chosen by the fitting protocol (:mod:`geodbk.dataset.protocols`):
 
-``space-time`` (default)
+:meth:`InputSpace.projected` (the ``space-time`` protocol, the default)
     X = (u, v, t): u, v are the tile centre in a Lambert azimuthal equal-area projection
     centred on the data and scaled by the data's own extent
     (:class:`geodbk.dataset.coords.ProjectedTransform`); t is time in decimal years, scaled so that
@@ -10,7 +10,7 @@ Two protocols:
     density layer (:class:`geodbk.dataset.density.TestDensityCovariates`), X gains its
     covariates after t: another Ookla layer's test density and speed around the place, known
     at every map cell.
-``paper``
+:meth:`InputSpace.region_box` (the ``paper`` protocol)
     X = (x1, x2): lon/lat scaled by the region's bounding box
     (:class:`geodbk.dataset.coords.CoordinateTransform`) and no time, as in the DBK paper. Kept
     as the replication protocol.
@@ -35,8 +35,6 @@ from geodbk.dataset.density import TestDensityCovariates
 from geodbk.dataset.domain import DomainReport, beyond_region
 from geodbk.errors import InputDataError
 from geodbk.quarters import Quarter, quarter_years
-
-PROTOCOLS = ("space-time", "paper")
 
 #: Time span (years) below which the time axis is not stretched further (one fitted quarter).
 _MIN_HALF_SPAN_YEARS = 0.5
@@ -91,7 +89,8 @@ class InputSpace:
     Attributes:
         coords: the spatial transform (projected and data-scaled, or the paper's box).
         time: the time axis, or ``None`` for a time-free model (the paper protocol).
-        protocol: ``"space-time"`` or ``"paper"``.
+        protocol: the name of the protocol it was made for, a label
+            (:data:`geodbk.dataset.protocols.PROTOCOLS`).
         density: covariates from another tile layer, appended after time (space-time only).
     """
 
@@ -101,29 +100,27 @@ class InputSpace:
     density: TestDensityCovariates | None = None
 
     @classmethod
-    def for_dataset(
-        cls, dataset: Any, protocol: str = "space-time", density_tiles: pd.DataFrame | None = None
+    def projected(
+        cls, dataset: Any, protocol: str, density_tiles: pd.DataFrame | None = None
     ) -> InputSpace:
-        """The input space of a :class:`geodbk.dataset.SpatialDataset`.
-
-        ``space-time``: projection and scale from all of the dataset's tile centres (locations
-        only, no targets), time range from its training rows, and the test density of
-        ``density_tiles`` (another layer's Ookla tiles, e.g. the region's fixed tiles; see
-        :mod:`geodbk.dataset.density`) when given. ``paper``: the dataset's region box, no
-        time; ``density_tiles`` is then an error.
+        """The projected, timed input space of a :class:`geodbk.dataset.SpatialDataset`, labelled
+        ``protocol``: projection and scale from all of the dataset's tile centres (locations only,
+        no targets), time range from its training rows, and the test density of ``density_tiles``
+        (another layer's Ookla tiles, e.g. the region's fixed tiles; see
+        :mod:`geodbk.dataset.density`) when given.
         """
-        if protocol not in PROTOCOLS:
-            raise InputDataError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        if protocol == "paper":
-            if density_tiles is not None:
-                raise InputDataError("the paper protocol takes no density tiles (its inputs are the coordinates alone)")
-            return cls(dataset.transform, None, protocol)
         tiles = dataset.frame.drop_duplicates("quadkey")
         coords = ProjectedTransform.from_lonlat(tiles[["lon", "lat"]].to_numpy(np.float64))
         train = dataset.subset("train")
         years = quarter_years(train["year"], train["quarter"])
         density = None if density_tiles is None else TestDensityCovariates.from_tiles(density_tiles, coords)
         return cls(coords, TimeAxis(float(years.min()), float(years.max())), protocol, density)
+
+    @classmethod
+    def region_box(cls, dataset: Any, protocol: str) -> InputSpace:
+        """The time-free input space of a :class:`geodbk.dataset.SpatialDataset`, labelled
+        ``protocol``: the dataset's region box."""
+        return cls(dataset.transform, None, protocol)
 
     def years(self, when: TimeLike, n: int) -> np.ndarray | None:
         """(n,) decimal years of ``when`` (default the latest fitted quarter), or None without time."""

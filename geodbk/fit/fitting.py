@@ -1,7 +1,7 @@
 """Fit a model zoo kind on a dataset: :func:`fit_dataset` -> :class:`~geodbk.fit.geomodel.GeoModel`.
 
 The one place where a fit's settings are assembled: the protocol's defaults
-(:class:`~geodbk.fit.protocol.Protocol`), then the preset's size and schedule, then the
+(:class:`~geodbk.dataset.protocols.Protocol`), then the preset's size and schedule, then the
 caller's overrides. The CLI, the demo and the benchmarks pass their options through here.
 """
 
@@ -17,11 +17,12 @@ import shapely
 
 from geodbk.dataset.density import DensitySource, read_density_tiles
 from geodbk.dataset.model_info import ModelInfo
+from geodbk.dataset.protocols import MIN_WAVELENGTH_M, Protocol, get_protocol
 from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.dataset.targets import target_column
 from geodbk.errors import InputDataError
 from geodbk.fit.geomodel import GeoModel
-from geodbk.fit.protocol import MIN_WAVELENGTH_M, Protocol, get_protocol
+from geodbk.fit.protocol import fit_configs
 from geodbk.fit.regressor import Regressor
 from geodbk.fit.residuals import ResidualField
 from geodbk.fit.tails import fit_measurement_tails
@@ -60,7 +61,7 @@ def fit_dataset(
             :attr:`~GeoModel.others` and :attr:`~GeoModel.correlation`.
         protocol: ``"space-time"`` (projected data-scaled coordinates + time, test-count
             noise, positional encoding, local residual field, conjugate posterior) or
-            ``"paper"`` (region-box coordinates only); see :mod:`geodbk.fit.protocol`.
+            ``"paper"`` (region-box coordinates only); see :mod:`geodbk.dataset.protocols`.
         preset: size and schedule, ``"cpu"`` (the default) or ``"paper"``.
         min_wavelength_m: shortest positional-encoding wavelength in metres (protocols with an
             encoding); converted to the data's input units.
@@ -131,8 +132,8 @@ def _fit_target(
     )
     inputs = rules.input_space(dataset, density)
     train = dataset.subset("train")  # one copy of the training rows (9.7M of them in the US benchmark)
-    model_config, train_config = rules.fit_configs(
-        inputs, preset, n_rows=len(train), min_wavelength_m=min_wavelength_m,
+    model_config, train_config = fit_configs(
+        rules, inputs, preset, n_rows=len(train), min_wavelength_m=min_wavelength_m,
         coordinate_jitter_m=coordinate_jitter_m, **overrides,
     )
 

@@ -246,7 +246,7 @@ class TrainConfig:
             Training on jittered places fits the regression of y on a place blurred by that
             much (input noise acts as a smoothness penalty), so the deep kernel learns the
             regional surface and leaves tile-scale detail to the local residual field. The
-            space-time protocol sets it from metres (:data:`geodbk.fit.protocol.COORDINATE_JITTER_M`).
+            space-time protocol sets it from metres (:data:`geodbk.dataset.protocols.COORDINATE_JITTER_M`).
     """
 
     epochs: int = CPU.epochs
