@@ -32,3 +32,11 @@ def test_import_is_light():
     code = "import sys, geodbk; print('torch' in sys.modules, 'geopandas' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_command_line_parser_is_built_without_torch():
+    """Every subcommand's parser, the protocol choices of `fit` and `demo` among them
+    (geodbk.dataset.protocols), is built without importing torch: `geodbk fit --help` stays fast."""
+    code = "import sys; from geodbk.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]

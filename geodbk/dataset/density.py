@@ -33,7 +33,6 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
-import torch
 
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.spatial_dataset import SpatialDataset, sample_tiles_path
@@ -191,6 +190,8 @@ class TestDensityCovariates:
 
     def to_dict(self) -> dict[str, Any]:
         """Torch-saveable dict (weights-only readable)."""
+        import torch  # here, not at the top: the CLI builds its parsers from this layer without torch
+
         return {
             "xy_m": torch.tensor(np.array(self.xy_m)),
             "tests": torch.tensor(np.array(self.tests)),
