@@ -43,7 +43,7 @@ import pandas as pd
 from peers import PEERS, VARIANTS, fit_peer, missing_peers  # benchmarks/peers.py, beside this script
 
 from geodbk.dataset.coords import ProjectedTransform
-from geodbk.dataset.protocols import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME
+from geodbk.dataset.protocols import ENCODING_SCALES, MIN_WAVELENGTH_M, SPACE_TIME, get_protocol
 from geodbk.dataset.spatial_dataset import SpatialDataset, load_sample_dataset
 from geodbk.dataset.splits import block_ids
 from geodbk.errors import ExtrapolationWarning
@@ -96,7 +96,7 @@ def fit_and_score(
                          density_tiles=density_tiles)
     else:  # the demo's settings over the protocol's, as geodbk fit and the demo fit
         model = fit_dataset(dataset, kind, protocol=protocol, measurement_tails=measurement_tails,
-                            density_tiles=density_tiles if protocol == "space-time" else None,
+                            density_tiles=density_tiles if get_protocol(protocol).space_time else None,
                             **demo.overrides(), **fit_kw)
     seconds = time.perf_counter() - start
     with warnings.catch_warnings():
