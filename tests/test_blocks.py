@@ -1,11 +1,11 @@
-"""The one loop over blocks of rows (geodbk.models.blocks)."""
+"""The one loop over blocks of rows (geodbk.blocks)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from geodbk.models.blocks import blocks
+from geodbk.blocks import blocks
 
 
 @pytest.mark.parametrize(("stop", "size", "start"), [(10, 4, 0), (8, 4, 0), (3, 4, 0), (1, 1, 0), (11, 3, 5)])

@@ -29,9 +29,9 @@ import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 from scipy.special import ndtr, ndtri
 
+from geodbk.blocks import blocks
 from geodbk.errors import InputDataError
 from geodbk.fit.posterior import meets_probability
-from geodbk.models.blocks import blocks
 from geodbk.prediction import MAX_CORRELATION, probability_both_above
 
 #: Two targets: where the visits move more than this fraction of some target's variance, the

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.spatial import cKDTree
 
+from geodbk.blocks import blocks
 from geodbk.fit.local_kernel import LocalKernel
-from geodbk.models.blocks import blocks
 
 #: Pairs of points farther apart than this many ranges are left out of area variances.
 AREA_CUTOFF_RANGES = 4.0

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from geodbk.blocks import blocks
 from geodbk.ingest.quadkey import SAME_TILE_M
-from geodbk.models.blocks import blocks
 
 #: Bounds of the hyperparameters (:class:`LocalKernel` field order): no variance above 1 (a
 #: factor of 10 in speed at one sd), time scales between a quarter and 20 years. Without them a

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from geodbk.blocks import blocks
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.base import KernelModel, PosteriorFactors, WeightedFactors, ZooModel
 from geodbk.models.basis_gp import BasisGP
-from geodbk.models.blocks import blocks
 from geodbk.models.config import ModelConfig, stored_model_config
 from geodbk.models.conjugate import ConjugateFit, fit_conjugate_posterior
 from geodbk.models.precision import Precision, check_precision

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
+from geodbk.blocks import blocks
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.area_variance import grouped_local_variance
 from geodbk.fit.local_kernel import LocalKernel, Neighbourhoods, krige, planar_distance
@@ -52,7 +53,6 @@ from geodbk.fit.residual_choice import ValidationRows, choose_kernel, choose_vol
 from geodbk.fit.validation_areas import AreaGroups
 from geodbk.fit.volatility import LocalVolatility
 from geodbk.ingest.quadkey import tile_centres
-from geodbk.models.blocks import blocks
 
 #: Training rows each prediction is conditioned on.
 NEIGHBOURS = 16

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from geodbk.blocks import blocks
 from geodbk.errors import InputDataError
 from geodbk.fit.distributed import DataParallel
 from geodbk.fit.regressor import (
@@ -37,7 +38,6 @@ from geodbk.fit.regressor import (
 )
 from geodbk.fit.step import TrainingStep, train_epoch
 from geodbk.models.base import ZooModel
-from geodbk.models.blocks import blocks
 from geodbk.models.config import ModelConfig, TrainConfig
 from geodbk.models.objectives import gaussian_nll
 from geodbk.models.zoo import get_model_spec

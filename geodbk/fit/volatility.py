@@ -40,10 +40,10 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
+from geodbk.blocks import blocks
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit.metrics import nll
 from geodbk.ingest.quadkey import SAME_TILE_M, tile_centres
-from geodbk.models.blocks import blocks
 from geodbk.prediction import Prediction
 
 #: Training tiles each place pools (nearest first).

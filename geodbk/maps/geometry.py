@@ -21,6 +21,7 @@ import shapely
 from affine import Affine
 from shapely.geometry.base import BaseGeometry
 
+from geodbk.blocks import blocks
 from geodbk.errors import InputDataError, RegionError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -213,8 +214,7 @@ class RegularGrid:
 
     def blocks(self, chunk_rows: int) -> Iterator[slice]:
         """Row slices of at most ``chunk_rows`` rows that cover the grid top to bottom."""
-        for start in range(0, self.height, chunk_rows):
-            yield slice(start, min(start + chunk_rows, self.height))
+        return blocks(self.height, chunk_rows)
 
     def inside_mask(self) -> np.ndarray:
         """``(height, width)`` boolean, True where the cell centre is inside the region."""

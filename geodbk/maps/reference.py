@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from geodbk.blocks import blocks
 from geodbk.errors import InputDataError
 from geodbk.maps.geometry import CellLocator, RegularGrid
 
@@ -63,8 +64,8 @@ def reference_points(
     locator = CellLocator(grid)
     tree = cKDTree(_local_xy(lonlat, lat0))
     best_d, best_pt = -1.0, None
-    for start in range(0, grid.height, stride * 64):
-        rows = np.arange(start, min(start + stride * 64, grid.height), stride)
+    for part in blocks(grid.height, stride * 64):
+        rows = np.arange(part.start, part.stop, stride)
         cand, inside = locator.cells(rows, slice(None, None, stride))
         if not inside.any():
             continue

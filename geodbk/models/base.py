@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from geodbk.models.blocks import blocks
+from geodbk.blocks import blocks
 from geodbk.models.expansions import ard_rbf
 
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
+from geodbk.blocks import blocks
 from geodbk.models.base import GPOutput, ZooModel
-from geodbk.models.blocks import blocks
 from geodbk.models.config import ModelConfig
 from geodbk.models.objectives import gaussian_nll
 from geodbk.models.zoo import ModelSpec, register_model

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import pandas as pd
 
+from geodbk.blocks import blocks
 from geodbk.quarters import Quarter
 from geodbk.viewer.tiles import distance_km
 
@@ -114,8 +115,8 @@ def posterior_correlation(
     lonlat = np.asarray(lonlat, dtype=np.float64).reshape(-1, 2)
     ref_lonlat = np.array([ref], dtype=np.float64)
     rho = np.empty(len(lonlat), dtype=np.float64)
-    for start in range(0, len(lonlat), max(int(block), 1)):
-        cells = lonlat[start : start + block]
+    for part in blocks(len(lonlat), max(int(block), 1)):
+        cells = lonlat[part]
         itself = np.all(cells == ref_lonlat, axis=1)
         posterior = model.posterior(np.vstack([ref_lonlat, cells[~itself]]), quarter, covariance=True)
         site = np.zeros(len(cells), dtype=np.int64)  # each cell's site: 0 (the ref) or its own
@@ -123,7 +124,7 @@ def posterior_correlation(
         flat = np.arange(posterior.n_sites) * len(posterior.targets)  # site * T + 0: the first target
         k = posterior.covariance(flat[:1], flat)[0]
         variance = posterior.sd()[:, 0] ** 2
-        rho[start : start + len(cells)] = correlation(k[site], variance[site], variance[0])
+        rho[part] = correlation(k[site], variance[site], variance[0])
     return rho
 
 

@@ -1,9 +1,10 @@
 """The one loop over blocks of rows: :func:`blocks`.
 
-Work on many points (kriging solves, tree queries, factor lookups, validation batches) runs a
-block of rows at a time, so that its temporaries stay bounded. Every such loop takes its
-slices from here. It sits in the model layer, the lowest that loops over points (the
-``knn`` baseline's tree queries), so that every layer above can use it too.
+Work on many points (kriging solves, tree queries, factor lookups, validation batches, grid
+rows, posterior correlations) runs a block of rows at a time, so that its temporaries stay
+bounded. Every such loop takes its slices from here. It sits on the ground floor, beside
+:mod:`geodbk.quarters`, so that every layer can use it without importing torch (the model
+package does).
 """
 
 from __future__ import annotations
