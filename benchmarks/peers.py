@@ -460,6 +460,6 @@ def fit_peer(
         train, val = _splits(dataset)
         peer.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), peer.predict_tiles(val),
                                            val["tests"].to_numpy(np.float64),
-                                           tests_centre=float(np.mean(1.0 / train["tests"].to_numpy(np.float64))))
+                                           train_tests=train["tests"].to_numpy(np.float64))
         peer.details.update(df=peer.tails.df, noise_scale=peer.tails.noise_scale, tests_shift=peer.tails.tests_shift)
     return peer

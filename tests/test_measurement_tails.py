@@ -90,11 +90,12 @@ def test_the_test_count_shift_recovers_a_known_slope():
     rng = np.random.default_rng(1)
     n, slope = 30_000, -0.3
     tests = rng.integers(1, 30, n).astype(np.float64)
-    centre = float(np.mean(1.0 / rng.integers(1, 30, 50_000)))
+    train_tests = rng.integers(1, 30, 50_000).astype(np.float64)
+    centre = float(np.mean(1.0 / train_tests))
     mean = rng.normal(size=n)
     y = mean + slope * (1.0 / tests - centre) + _scipy_t(0.0, 0.4, 5.0).rvs(n, random_state=rng)
     claimed = Prediction(mean, np.full(n, 0.2), measurement_sd=np.full(n, 0.4))
-    tails = fit_measurement_tails(y, claimed, tests, tests_centre=centre)
+    tails = fit_measurement_tails(y, claimed, tests, train_tests=train_tests)
     assert tails.tests_shift == pytest.approx(slope, abs=0.02)
     assert tails.tests_centre == centre and tails.df in (4.0, 5.0, 6.0)
     measured = tails.apply(claimed, tests).measurement()
@@ -113,4 +114,4 @@ def test_equal_test_counts_give_no_shift():
     rng = np.random.default_rng(2)
     y = rng.normal(size=500)
     claimed = Prediction(np.zeros(500), np.full(500, 0.5), measurement_sd=np.full(500, 1.0))
-    assert fit_measurement_tails(y, claimed, np.full(500, 3.0), tests_centre=0.4).tests_shift == 0.0
+    assert fit_measurement_tails(y, claimed, np.full(500, 3.0), train_tests=np.full(50, 2.0)).tests_shift == 0.0

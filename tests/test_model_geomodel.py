@@ -105,9 +105,11 @@ def test_new_measurements_get_the_validation_chosen_family_and_keep_it_on_disk(t
     np.testing.assert_allclose(scored.measurement().sd, np.sqrt(gaussian.sd**2 + tails.noise_scale**2 * noise_var))
     assert (scored.measurement().sd >= scored.sd).all()  # a measurement is never surer than its tile mean
     assert nll(val["y"].to_numpy(), scored.measurement()) <= nll(val["y"].to_numpy(), gaussian.measurement()) + 1e-9
-    tests, centre = val["tests"].to_numpy(np.float64), float(np.mean(1.0 / small_dataset.subset("train")["tests"]))
-    assert fit_measurement_tails(val["y"].to_numpy(), gaussian, tests, tests_centre=centre) == tails
-    np.testing.assert_allclose(scored.measurement().mean - scored.mean, tails.tests_shift * (1.0 / tests - centre))
+    tests, train_tests = val["tests"].to_numpy(np.float64), small_dataset.subset("train")["tests"].to_numpy(np.float64)
+    assert fit_measurement_tails(val["y"].to_numpy(), gaussian, tests, train_tests=train_tests) == tails
+    assert tails.tests_centre == np.mean(1.0 / train_tests)
+    np.testing.assert_allclose(scored.measurement().mean - scored.mean,
+                               tails.tests_shift * (1.0 / tests - tails.tests_centre))
 
     path = tmp_path / "m.pt"
     geomodel.save(path)

@@ -180,8 +180,7 @@ def _fit_target(
     support = train.drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
     model = GeoModel(regressor, inputs, info, support, residuals)
     if measurement_tails and rules.measurement_tails:
-        model.tails = fit_measurement_tails(y_val, model.predict_tiles(val), tests_val,
-                                            tests_centre=float(np.mean(1.0 / tests)))
+        model.tails = fit_measurement_tails(y_val, model.predict_tiles(val), tests_val, train_tests=tests)
     return model
 
 

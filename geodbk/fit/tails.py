@@ -93,24 +93,27 @@ class MeasurementTails:
 
 
 def fit_measurement_tails(
-    y: np.ndarray, prediction: Prediction, tests: np.ndarray | None = None, tests_centre: float | None = None
+    y: np.ndarray, prediction: Prediction, tests: np.ndarray | None = None, train_tests: np.ndarray | None = None
 ) -> MeasurementTails:
     """The :class:`MeasurementTails` with the lowest mean NLL of ``y`` (n,) under the new-measurement
     distribution it gives the Gaussian ``prediction`` (whose ``measurement_sd`` it scales; without
     one there is no noise part and only ``df`` matters).
 
     For each ``df`` of :data:`DF_GRID`, ``noise_scale`` (log space, within
-    :data:`NOISE_SCALE_BOUNDS`) and, given the rows' ``tests`` (n,) and ``tests_centre`` (the
-    training rows' mean 1/tests), ``tests_shift`` (within :data:`TESTS_SHIFT_BOUNDS`) are chosen
-    together by bounded L-BFGS-B; the t's own likelihood chooses the shift, so that a few very
-    slow one-test rows do not pull it as they would a least-squares slope. The shift has no
+    :data:`NOISE_SCALE_BOUNDS`) and, given the rows' ``tests`` (n,) and the training rows'
+    ``train_tests`` (m,) (their mean 1/tests is ``tests_centre``), ``tests_shift`` (within
+    :data:`TESTS_SHIFT_BOUNDS`) are chosen together by bounded L-BFGS-B; the t's own likelihood
+    chooses the shift, so that a few very slow one-test rows do not pull it as they would a
+    least-squares slope. The shift has no
     intercept of its own (zero at the training rows' mean 1/tests), and rows whose test counts
     are all equal get none.
     """
     y = np.asarray(y, dtype=np.float64).reshape(-1)
-    shifted = (tests is not None and tests_centre is not None and prediction.measurement_sd is not None
+    shifted = (tests is not None and train_tests is not None and prediction.measurement_sd is not None
                and np.ptp(np.asarray(tests, dtype=np.float64)) > 0)  # equal counts: a shift would be an offset
-    centre = float(tests_centre) if shifted and tests_centre is not None else 0.0
+    centre = 0.0
+    if shifted and train_tests is not None:
+        centre = float(np.mean(1.0 / np.asarray(train_tests, dtype=np.float64)))
     log_bounds = tuple(math.log(b) for b in NOISE_SCALE_BOUNDS)
     best = MeasurementTails(validation_nll=math.inf)
     for df in DF_GRID:
