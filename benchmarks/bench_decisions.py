@@ -52,7 +52,6 @@ from geodbk.fit.geomodel import GeoModel
 from geodbk.fit.posterior import meets_probability
 from geodbk.io.vectors import tile_predictions
 from geodbk.maps.thresholds import Benchmark
-from geodbk.prediction import probability_below
 from geodbk.workflow import DemoConfig
 
 SPLITS = ("random", "spatial-block", "forecast")
@@ -115,7 +114,8 @@ def brier(p: np.ndarray, outcome: np.ndarray) -> float:
 def peer_pair(dataset: SpatialDataset, peer: str, density: pd.DataFrame | None,
               seed: int) -> tuple[dict[str, np.ndarray], float]:
     """P_d * P_u of each of :data:`BENCHMARKS` on the test rows from ``<peer>:map`` fitted on
-    download and on upload apart (Gaussian measurement predictions), and the two fits' seconds."""
+    download and on upload apart (measurement predictions, each with its own shape), and the two
+    fits' seconds."""
     start = time.perf_counter()
     tests = dataset.subset("test")
     meets = {b: np.ones(len(tests)) for b in BENCHMARKS}
@@ -124,7 +124,7 @@ def peer_pair(dataset: SpatialDataset, peer: str, density: pd.DataFrame | None,
         prediction = model.predict_tiles(dataset.for_target(target).subset("test")).measurement()
         for name in BENCHMARKS:
             level = Benchmark.parse(name).log10_levels[index]
-            meets[name] = meets[name] * (1.0 - probability_below(prediction.mean, prediction.sd, level))
+            meets[name] = meets[name] * prediction.probability_above(level)
     return meets, time.perf_counter() - start
 
 

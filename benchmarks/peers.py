@@ -461,5 +461,6 @@ def fit_peer(
         peer.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), peer.predict_tiles(val),
                                            val["tests"].to_numpy(np.float64),
                                            train_tests=train["tests"].to_numpy(np.float64))
-        peer.details.update(df=peer.tails.df, noise_scale=peer.tails.noise_scale, tests_shift=peer.tails.tests_shift)
+        peer.details.update(skew=peer.tails.shape.skew, tailweight=peer.tails.shape.tailweight,
+                            noise_scale=peer.tails.noise_scale, tests_shift=peer.tails.tests_shift)
     return peer

@@ -1,35 +1,23 @@
 """Predictive distributions: :class:`Prediction` and the 95% quantile.
 
-A tile mean is Gaussian. A new measurement may be a Student-t with the same mean and sd
-(:class:`~geodbk.fit.tails.MeasurementTails`): speed tests have a heavy lower tail.
+A tile mean is Gaussian. A new measurement has a :class:`~geodbk.shape.Shape` chosen on
+validation rows (:class:`~geodbk.fit.tails.MeasurementTails`): a single speed test's speed has
+a long lower tail.
 
 Torch-free, so that grids, export and the dashboard can use it without importing the model.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import ndtr, owens_t, stdtrit
+from scipy.special import ndtr, ndtri, owens_t
 
-#: Two-sided 95% standard-normal quantile.
-Z95 = 1.959964
+from geodbk.shape import GAUSSIAN, Shape
 
-
-def t_scale_per_sd(df: float) -> float:
-    """The scale of a Student-t with ``df`` > 2 degrees of freedom and sd 1, sqrt((df - 2) / df)
-    (its variance is scale^2 df / (df - 2))."""
-    return math.sqrt((df - 2.0) / df)
-
-
-def quantile95(df: float) -> float:
-    """The half-width of the central 95% interval of a Student-t with ``df`` > 2 degrees of
-    freedom and sd 1, t_{0.975, df} :func:`t_scale_per_sd`; :data:`Z95` for ``df = inf`` (Gaussian)."""
-    if math.isinf(df):
-        return Z95
-    return float(stdtrit(df, 0.975) * t_scale_per_sd(df))
+#: Two-sided 95% standard-normal quantile, 1.959964 (the Gaussian shape's 0.975 quantile, exactly).
+Z95 = float(ndtri(0.975))
 
 
 @dataclass
@@ -40,57 +28,70 @@ class Prediction:
 
     * the tile mean, N(mean, sd^2), sd^2 = var_f + sigma0^2: what a tile's speed is when
       averaged over many tests; the map layers use it;
-    * a new measurement that averages the point's own k tests, centred at ``mean +
+    * a new measurement that averages the point's own k tests, with mean ``mean +
       measurement_shift`` (the test count's shift, chosen on validation rows: the log of a mean
-      of k speeds grows with k), with sd ``measurement_sd`` (measurement_sd^2 = var_f + sigma0^2
-      + sigma1^2 / k, times a scale chosen on validation rows) and ``measurement_df`` degrees of
-      freedom (a Student-t; ``inf``: Gaussian): what a test tile's observed value is scored
-      against (:meth:`measurement`). Without test counts, or for a model with homoscedastic
-      noise, it is the tile-mean distribution.
+      of k speeds grows with k), sd ``measurement_sd`` (measurement_sd^2 = var_f + sigma0^2
+      + sigma1^2 / k, times a scale chosen on validation rows) and ``measurement_shape`` (a
+      single test's long lower tail): what a test tile's observed value is scored against
+      (:meth:`measurement`). Without test counts, or for a model with homoscedastic noise, it is
+      the tile-mean distribution.
 
     Attributes:
         mean: (n,) predictive mean.
         sd: (n,) standard deviation (the tile mean's: function + sigma0^2).
         measurement_sd: (n,) standard deviation of a new k-test measurement, or ``None``.
-        df: degrees of freedom of this distribution, > 2 (``inf``: Gaussian, as a tile mean is).
-        measurement_df: degrees of freedom of a new measurement.
+        shape: the shape of (y - mean) / sd (:data:`~geodbk.shape.GAUSSIAN` for a tile mean).
+        measurement_shape: the shape of a new measurement.
         measurement_shift: (n,) a new measurement's mean minus ``mean`` (log10 units), or ``None``: 0.
     """
 
     mean: np.ndarray
     sd: np.ndarray
     measurement_sd: np.ndarray | None = None
-    df: float = math.inf
-    measurement_df: float = math.inf
+    shape: Shape = GAUSSIAN
+    measurement_shape: Shape = GAUSSIAN
     measurement_shift: np.ndarray | None = None
 
     def measurement(self) -> Prediction:
         """The distribution of a new measurement with the points' test counts (mean + measurement_shift,
-        sd = measurement_sd, df = measurement_df)."""
+        sd = measurement_sd, shape = measurement_shape)."""
         if self.measurement_sd is None:
             return self
         mean = self.mean if self.measurement_shift is None else self.mean + self.measurement_shift
-        return Prediction(mean, self.measurement_sd, df=self.measurement_df)
+        return Prediction(mean, self.measurement_sd, shape=self.measurement_shape)
 
     @property
     def var(self) -> np.ndarray:
         """(n,) predictive variance sd^2."""
         return self.sd**2
 
+    def quantile(self, level: float) -> np.ndarray:
+        """(n,) the ``level`` quantile, mean + sd Q(level), Q the shape's (a Gaussian's: ndtri)."""
+        return self.mean + float(self.shape.quantile(level)) * self.sd
+
     @property
     def lower(self) -> np.ndarray:
-        """(n,) lower end of the central 95% prediction interval, mean - quantile95(df) sd."""
-        return self.mean - quantile95(self.df) * self.sd
+        """(n,) lower end of the central 95% prediction interval (mean - 1.959964 sd when Gaussian)."""
+        return self.quantile(0.025)
 
     @property
     def upper(self) -> np.ndarray:
         """(n,) upper end of the central 95% prediction interval."""
-        return self.mean + quantile95(self.df) * self.sd
+        return self.quantile(0.975)
 
     @property
     def pi_width(self) -> np.ndarray:
-        """(n,) width of the 95% prediction interval, 2 quantile95(df) sd (2 * 1.959964 * sd when Gaussian)."""
-        return 2.0 * quantile95(self.df) * self.sd
+        """(n,) width of the 95% prediction interval (2 * 1.959964 * sd when Gaussian)."""
+        return self.upper - self.lower
+
+    def probability_above(self, level: float) -> np.ndarray:
+        """(n,) P(Y >= level), ``level`` in the same (log10) units."""
+        return ndtr(-self.normal_score(level))
+
+    def normal_score(self, level: float) -> np.ndarray:
+        """(n,) Phi^-1(P(Y <= level)): ``level`` standardised through the shape onto a standard
+        normal (for a Gaussian, (level - mean) / sd), as a Gaussian copula joins two targets."""
+        return self.shape.normal_score((level - self.mean) / self.sd)
 
     def __len__(self) -> int:
         return len(self.mean)
@@ -99,18 +100,19 @@ class Prediction:
         """The predictions at ``index`` (boolean mask or integer positions)."""
         extra = None if self.measurement_sd is None else self.measurement_sd[index]
         shift = None if self.measurement_shift is None else self.measurement_shift[index]
-        return Prediction(self.mean[index], self.sd[index], extra, self.df, self.measurement_df, shift)
+        return Prediction(self.mean[index], self.sd[index], extra, self.shape, self.measurement_shape, shift)
 
 
 def to_data_units(
-    mean: np.ndarray, sd: np.ndarray, df: float = math.inf
+    mean: np.ndarray, sd: np.ndarray, shape: Shape = GAUSSIAN
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Back-transform a log10 Gaussian (or Student-t with ``df`` and this sd) to data units (Mbps
-    or ms): ``(median, lower, upper)``, ``10**mean`` and the 95% interval
-    ``10**(mean -/+ quantile95(df) sd)`` (1.959964 sd when Gaussian), each shaped like ``mean``."""
+    """Back-transform a log10 distribution with this mean, sd and ``shape`` (Gaussian by default)
+    to data units (Mbps or ms): ``(median, lower, upper)``, 10 to the power of its median and of
+    its central 95% interval (``10**mean`` and ``10**(mean -/+ 1.959964 sd)`` when Gaussian),
+    each shaped like ``mean``."""
     mean, sd = np.asarray(mean, dtype=np.float64), np.asarray(sd, dtype=np.float64)
-    half = quantile95(df) * sd
-    return 10.0**mean, 10.0 ** (mean - half), 10.0 ** (mean + half)
+    median, lower, upper = (float(shape.quantile(u)) for u in (0.5, 0.025, 0.975))
+    return 10.0 ** (mean + median * sd), 10.0 ** (mean + lower * sd), 10.0 ** (mean + upper * sd)
 
 
 def probability_below(mean: np.ndarray, sd: np.ndarray, level: float) -> np.ndarray:
@@ -125,7 +127,7 @@ MAX_CORRELATION = 1.0 - 1e-9
 
 def probability_both_above(
     mean_a: np.ndarray, sd_a: np.ndarray, mean_b: np.ndarray, sd_b: np.ndarray,
-    correlation: np.ndarray | float, level_a: float, level_b: float,
+    correlation: np.ndarray | float, level_a: np.ndarray | float, level_b: np.ndarray | float,
 ) -> np.ndarray:
     """P(A >= level_a and B >= level_b) for (A, B) bivariate normal, elementwise: the chance
     that a place meets a two-speed benchmark (download and upload together).
@@ -133,7 +135,7 @@ def probability_both_above(
     Args:
         mean_a, sd_a, mean_b, sd_b: (n,) means and sds of A and B (log10 units).
         correlation: (n,) or scalar, the correlation of A and B.
-        level_a, level_b: the levels in the same (log10) units.
+        level_a, level_b: the levels in the same (log10) units, scalars or (n,).
 
     Owen's (1956) reduction of the bivariate normal CDF to his T function (``scipy.special.owens_t``),
     which is exact and vectorised; ``scipy.stats.multivariate_normal.cdf`` integrates one
@@ -157,6 +159,19 @@ def probability_both_above(
     beta = np.where(h * k < 0.0, 0.5, 0.0)
     p = 0.5 * (ndtr(h) + ndtr(k)) - owens_t(h, a_h) - owens_t(k, a_k) - beta
     return np.clip(p, 0.0, np.minimum(ndtr(h), ndtr(k)))
+
+
+def probability_pair_above(
+    first: Prediction, second: Prediction, correlation: np.ndarray | float, level_first: float, level_second: float
+) -> np.ndarray:
+    """(n,) P(A >= level_first and B >= level_second) for A and B distributed as ``first`` and
+    ``second`` (each with its own mean, sd and :class:`~geodbk.shape.Shape`) and joined by a
+    Gaussian copula of ``correlation`` ((n,) or scalar): their normal scores
+    (:meth:`Prediction.normal_score`) go to :func:`probability_both_above`. For two Gaussians
+    it is their bivariate normal probability."""
+    score_a, score_b = first.normal_score(level_first), second.normal_score(level_second)
+    zero, one = np.zeros_like(score_a), np.ones_like(score_a)
+    return probability_both_above(zero, one, zero, one, correlation, score_a, score_b)
 
 
 @dataclass

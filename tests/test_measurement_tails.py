@@ -1,103 +1,131 @@
-"""A new measurement's Student-t family: its scores against scipy and the defining integrals,
-its 95% interval by Monte Carlo, and the validation choice recovering a known df and scale."""
+"""A new measurement's family: its scores of a prediction against scipy, its 95% interval and
+P(meets) by Monte Carlo, the validation choice recovering a known shape, scale and test-count
+shift, and model files of the Student-t family before it."""
 
 import math
 
 import numpy as np
 import pytest
-from scipy import integrate, stats
+from scipy import stats
 
 from geodbk.fit.metrics import coverage95, crps, nll, nll_per_row
 from geodbk.fit.tails import MeasurementTails, fit_measurement_tails
-from geodbk.prediction import Prediction, quantile95, to_data_units
+from geodbk.prediction import Prediction, probability_both_above, probability_pair_above, to_data_units
+from geodbk.shape import Shape
+
+SKEWED = Shape(skew=-0.45, tailweight=1.08)
 
 
-def _scipy_t(mean: float, sd: float, df: float):
-    """The Student-t with this mean, standard deviation and df, as scipy parametrises it."""
-    return stats.t(df, mean, sd * math.sqrt((df - 2.0) / df))
+def _draws(shape: Shape, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n standardised draws of a sinh-arcsinh ``shape`` from its definition (sample-standardised)."""
+    raw = np.sinh((np.arcsinh(rng.standard_normal(n)) + shape.skew) / shape.tailweight)
+    return (raw - raw.mean()) / raw.std()
 
 
-@pytest.mark.parametrize("df", [3.0, 5.0, 30.0])
-def test_t_nll_and_crps_match_scipy_and_the_defining_integral(df):
-    mean, sd = 0.3, 0.7
-    y = np.array([-2.5, 0.1, 0.9])
-    p = Prediction(np.full(3, mean), np.full(3, sd), df=df)
-    dist = _scipy_t(mean, sd, df)
-    np.testing.assert_allclose(nll_per_row(y, p), -dist.logpdf(y), rtol=1e-12)
-    for value in y:
-        below = integrate.quad(lambda x: dist.cdf(x) ** 2, -np.inf, value)[0]
-        above = integrate.quad(lambda x: (1.0 - dist.cdf(x)) ** 2, value, np.inf)[0]
-        one = Prediction(np.array([mean]), np.array([sd]), df=df)
-        assert crps(np.array([value]), one) == pytest.approx(below + above, rel=1e-7)
-    assert dist.std() == pytest.approx(sd, rel=1e-12)  # sd is the t's standard deviation
+def test_a_shaped_prediction_scores_through_its_shape():
+    mean, sd = np.array([0.3, -1.0]), np.array([0.7, 0.2])
+    y = np.array([-1.5, -0.9])
+    p = Prediction(mean, sd, shape=SKEWED)
+    np.testing.assert_allclose(nll_per_row(y, p), np.log(sd) - SKEWED.log_density((y - mean) / sd))
+    assert crps(y, p) == pytest.approx(np.mean(sd * SKEWED.crps((y - mean) / sd)))
+    t = Prediction(mean, sd, shape=Shape(df=4.0))
+    scipy_t = stats.t(4.0, mean, sd * math.sqrt(0.5))
+    np.testing.assert_allclose(nll_per_row(y, t), -scipy_t.logpdf(y), rtol=1e-12)
 
 
-def test_large_df_tends_to_the_gaussian_and_inf_is_it():
-    y, mean, sd = np.array([-1.0, 0.4, 2.0]), np.zeros(3), np.full(3, 0.8)
-    gauss, t_large = Prediction(mean, sd), Prediction(mean, sd, df=1e7)
-    assert nll(y, t_large) == pytest.approx(nll(y, gauss), abs=1e-6)
-    assert crps(y, t_large) == pytest.approx(crps(y, gauss), abs=1e-6)
-    assert quantile95(math.inf) == pytest.approx(stats.norm.ppf(0.975), abs=1e-6)
-
-
-def test_central_interval_holds_95_percent_of_t_draws():
-    df, sd = 4.0, 0.5
-    draws = _scipy_t(0.0, sd, df).rvs(400_000, random_state=np.random.default_rng(3))
-    p = Prediction(np.zeros(len(draws)), np.full(len(draws), sd), df=df)
+def test_central_interval_holds_95_percent_of_draws_and_data_units_follow_the_shape():
+    rng = np.random.default_rng(3)
+    sd = 0.5
+    draws = sd * _draws(SKEWED, 400_000, rng)
+    p = Prediction(np.zeros(len(draws)), np.full(len(draws), sd), shape=SKEWED)
     assert coverage95(draws, p) == pytest.approx(0.95, abs=0.002)
+    assert np.mean(draws <= p.quantile(0.5)[0]) == pytest.approx(0.5, abs=0.002)
     np.testing.assert_allclose(p.upper - p.lower, p.pi_width)
-    _, low, high = to_data_units(p.mean[:1], p.sd[:1], df)
-    np.testing.assert_allclose([low[0], high[0]], 10.0 ** np.array([p.lower[0], p.upper[0]]))
-    assert p.pi_width[0] > Prediction(p.mean[:1], p.sd[:1]).pi_width[0] * 0.9  # same sd, similar width
+    median, low, high = to_data_units(p.mean[:1], p.sd[:1], SKEWED)
+    expected = 10.0 ** np.array([np.median(draws), p.lower[0], p.upper[0]])
+    np.testing.assert_allclose([median[0], low[0], high[0]], expected, rtol=2e-3)
+    assert np.mean(draws >= 0.2) == pytest.approx(p.probability_above(0.2)[0], abs=0.002)
 
 
-def test_validation_choice_recovers_a_known_df_and_noise_scale():
-    """Measurements drawn as a t of df 5 whose noise sd beyond the tile mean's is 1.3 times
-    what the Gaussian prediction claims: the choice finds both; Gaussian draws get a large df."""
+def test_pair_probability_is_the_gaussian_copula_of_the_two_shapes():
+    """Draws joined by a Gaussian copula of rho 0.6: P(both above) matches; two Gaussians give the
+    bivariate normal probability and rho = 0 the product of the marginals."""
+    rng = np.random.default_rng(4)
+    n, rho = 1_000_000, 0.6
+    normal = rng.multivariate_normal([0.0, 0.0], [[1.0, rho], [rho, 1.0]], n)
+    other = Shape(skew=0.2, tailweight=0.8)
+    a = 1.0 + 0.3 * SKEWED.quantile(stats.norm.cdf(normal[:, 0]))
+    b = -0.5 + 0.6 * other.quantile(stats.norm.cdf(normal[:, 1]))
+    first = Prediction(np.array([1.0]), np.array([0.3]), shape=SKEWED)
+    second = Prediction(np.array([-0.5]), np.array([0.6]), shape=other)
+    expected = np.mean((a >= 1.1) & (b >= -0.7))
+    assert probability_pair_above(first, second, rho, 1.1, -0.7)[0] == pytest.approx(expected, abs=0.002)
+    independent = probability_pair_above(first, second, 0.0, 1.1, -0.7)[0]
+    assert independent == pytest.approx(first.probability_above(1.1)[0] * second.probability_above(-0.7)[0], rel=1e-9)
+    gauss_a, gauss_b = Prediction(np.array([1.0]), np.array([0.3])), Prediction(np.array([-0.5]), np.array([0.6]))
+    np.testing.assert_allclose(probability_pair_above(gauss_a, gauss_b, rho, 1.1, -0.7),
+                               probability_both_above(1.0, 0.3, -0.5, 0.6, rho, 1.1, -0.7), rtol=1e-12)
+
+
+def test_validation_choice_recovers_a_known_shape_and_noise_scale():
+    """Measurements whose noise beyond the tile mean is 1.3 times what the Gaussian prediction
+    claims, with a long lower tail: the choice finds the scale and the shape; Gaussian draws get
+    a shape near the Gaussian."""
     rng = np.random.default_rng(0)
-    n, df, tile_sd, noise_sd = 40_000, 5.0, 0.3, 0.5
+    n, tile_sd, noise_sd = 60_000, 0.3, 0.5
     mean = rng.normal(size=n)
     true_sd = math.sqrt(tile_sd**2 + noise_sd**2)
-    y = mean + _scipy_t(0.0, true_sd, df).rvs(n, random_state=rng)
+    y = mean + true_sd * _draws(SKEWED, n, rng)
     claimed_sd = math.sqrt(tile_sd**2 + (noise_sd / 1.3) ** 2)
     claimed = Prediction(mean, np.full(n, tile_sd), measurement_sd=np.full(n, claimed_sd))
     tails = fit_measurement_tails(y, claimed)
-    assert tails.df in (4.0, 5.0, 6.0)
+    assert tails.shape.skew == pytest.approx(SKEWED.skew, abs=0.05)
+    assert tails.shape.tailweight == pytest.approx(SKEWED.tailweight, abs=0.05)
     assert tails.noise_scale == pytest.approx(1.3, rel=0.03)
-    gaussian_y = mean + rng.normal(0.0, true_sd, n)
-    assert fit_measurement_tails(gaussian_y, claimed).df >= 30.0
+    assert tails.validation_nll == pytest.approx(nll(y, tails.apply(claimed).measurement()))
+    gaussian = fit_measurement_tails(mean + rng.normal(0.0, true_sd, n), claimed).shape
+    assert abs(gaussian.skew) < 0.05 and abs(gaussian.tailweight - 1.0) < 0.05
 
 
 def test_apply_changes_only_the_measurement_distribution():
     p = Prediction(np.zeros(2), np.full(2, 0.3), measurement_sd=np.full(2, 0.5))
-    tails = MeasurementTails(df=6.0, noise_scale=0.5)
+    tails = MeasurementTails(SKEWED, noise_scale=0.5)
     out = tails.apply(p)
     np.testing.assert_array_equal(out.sd, p.sd)
-    assert out.df == math.inf  # the tile mean stays Gaussian
+    assert out.shape.is_gaussian  # the tile mean stays Gaussian
     measured = out.measurement()
     np.testing.assert_allclose(measured.sd, math.sqrt(0.09 + 0.25 * 0.16))  # noise var 0.16, scaled by 0.5^2
-    assert measured.df == 6.0
-    assert out.subset(np.array([True, False])).measurement().df == 6.0
+    assert measured.shape == SKEWED and out.subset(np.array([True, False])).measurement().shape == SKEWED
     no_tests = Prediction(np.zeros(2), np.full(2, 0.3))
     assert tails.apply(no_tests) is no_tests
-    fitted = MeasurementTails(df=8.0, noise_scale=1.1, validation_nll=0.62)
+    fitted = MeasurementTails(SKEWED, noise_scale=1.1, validation_nll=0.62, tests_shift=-0.2, tests_centre=0.4)
     assert MeasurementTails.from_payload(fitted.to_payload()) == fitted
 
 
+def test_files_of_the_student_t_family_load_and_score_as_a_t():
+    older = {"df": 8.0, "noise_scale": 1.1, "validation_nll": 0.6}  # before the shift and the shape
+    tails = MeasurementTails.from_payload(older)
+    assert tails.shape == Shape(df=8.0) and tails.tests_shift == 0.0
+    p = tails.apply(Prediction(np.zeros(1), np.full(1, 0.3), measurement_sd=np.full(1, 0.5))).measurement()
+    scipy_t = stats.t(8.0, 0.0, p.sd[0] * math.sqrt(6.0 / 8.0))
+    assert nll(np.array([-1.2]), p) == pytest.approx(-scipy_t.logpdf(-1.2), rel=1e-12)
+    assert p.upper[0] == pytest.approx(scipy_t.ppf(0.975), rel=1e-10)
+
+
 def test_the_test_count_shift_recovers_a_known_slope():
-    """t measurements whose centre moves by b (1/k - c): the slope and the t's df are found, and
-    the shifted family scores the rows better than the unshifted one."""
+    """Measurements whose mean moves by b (1/k - c): the slope is found, and the shifted family
+    scores the rows better than the unshifted one."""
     rng = np.random.default_rng(1)
     n, slope = 30_000, -0.3
     tests = rng.integers(1, 30, n).astype(np.float64)
     train_tests = rng.integers(1, 30, 50_000).astype(np.float64)
     centre = float(np.mean(1.0 / train_tests))
     mean = rng.normal(size=n)
-    y = mean + slope * (1.0 / tests - centre) + _scipy_t(0.0, 0.4, 5.0).rvs(n, random_state=rng)
+    y = mean + slope * (1.0 / tests - centre) + 0.4 * _draws(SKEWED, n, rng)
     claimed = Prediction(mean, np.full(n, 0.2), measurement_sd=np.full(n, 0.4))
     tails = fit_measurement_tails(y, claimed, tests, train_tests=train_tests)
     assert tails.tests_shift == pytest.approx(slope, abs=0.02)
-    assert tails.tests_centre == centre and tails.df in (4.0, 5.0, 6.0)
+    assert tails.tests_centre == centre and tails.shape.skew == pytest.approx(SKEWED.skew, abs=0.07)
     measured = tails.apply(claimed, tests).measurement()
     np.testing.assert_allclose(measured.mean - mean, tails.tests_shift * (1.0 / tests - centre))
     assert tails.validation_nll < fit_measurement_tails(y, claimed).validation_nll - 0.005
@@ -106,8 +134,6 @@ def test_the_test_count_shift_recovers_a_known_slope():
     subset = tails.apply(claimed, tests).subset(np.arange(5))
     np.testing.assert_allclose(subset.measurement().mean, measured.mean[:5])
     assert MeasurementTails.from_payload(tails.to_payload()) == tails
-    older = {"df": 8.0, "noise_scale": 1.1, "validation_nll": 0.6}  # a file from before the shift
-    assert MeasurementTails.from_payload(older).tests_shift == 0.0
 
 
 def test_equal_test_counts_give_no_shift():

@@ -87,8 +87,8 @@ def test_save_load_round_trip(tmp_path, small_dataset, geomodel):
 
 
 def test_new_measurements_get_the_validation_chosen_family_and_keep_it_on_disk(tmp_path, small_dataset, geomodel):
-    """fit_dataset chooses the Student-t family on the val rows (the lowest val NLL over the df
-    grid, so no worse than the Gaussian's), it reaches predict_tiles' measurement distribution
+    """fit_dataset chooses the measurement family on the val rows (the lowest val NLL over shapes
+    that include the Gaussian, so no worse than it), it reaches predict_tiles' measurement distribution
     and not the tile mean's, survives save/load, and a file without it loads as Gaussian."""
     import torch
 
@@ -99,7 +99,7 @@ def test_new_measurements_get_the_validation_chosen_family_and_keep_it_on_disk(t
     tails = geomodel.tails
     assert tails is not None and tails.validation_nll < np.inf
     scored = geomodel.predict_tiles(val)
-    assert scored.df == np.inf and scored.measurement().df == tails.df
+    assert scored.shape.is_gaussian and scored.measurement().shape == tails.shape
     gaussian = dataclasses.replace(geomodel, tails=None).predict_tiles(val)
     noise_var = gaussian.measurement_sd**2 - gaussian.sd**2
     np.testing.assert_allclose(scored.measurement().sd, np.sqrt(gaussian.sd**2 + tails.noise_scale**2 * noise_var))
@@ -118,7 +118,7 @@ def test_new_measurements_get_the_validation_chosen_family_and_keep_it_on_disk(t
     del payload["tails"]  # a model file written before the family was chosen
     torch.save(payload, path)
     assert GeoModel.load(path).tails is None
-    assert GeoModel.load(path).predict_tiles(val).measurement().df == np.inf
+    assert GeoModel.load(path).predict_tiles(val).measurement().shape.is_gaussian
 
 
 def test_cli_fit_writes_models_and_merged_metrics(tmp_path, small_dataset, capsys):

@@ -60,8 +60,8 @@ class Protocol:
         conjugate_posterior: whether kinds whose zoo spec asks for it get the conjugate
             posterior of their weights given the learned basis.
         coordinate_jitter_m: the training batches' coordinate jitter, metres (0 = none).
-        measurement_tails: whether a new measurement's family (Student-t degrees of freedom
-            and sd scale, :mod:`geodbk.fit.tails`) is chosen on the validation rows; else Gaussian.
+        measurement_tails: whether a new measurement's family (its skewed shape, sd scale
+            and test-count shift, :mod:`geodbk.fit.tails`) is chosen on the validation rows; else Gaussian.
     """
 
     name: str

@@ -79,9 +79,9 @@ def fit_dataset(
             conjugate posterior given the learned basis (:meth:`Regressor.refit_posterior`)
             before the residual field is fitted, where the protocol does, so that the covariance
             behind area, change and exceedance products is a posterior. ``False`` is an ablation.
-        measurement_tails: choose a new measurement's family on the validation rows (a Student-t,
-            :func:`~geodbk.fit.tails.fit_measurement_tails`), where the protocol does; maps of
-            the tile mean do not change. ``False`` keeps it Gaussian (an ablation).
+        measurement_tails: choose a new measurement's family on the validation rows (a skewed
+            shape, scale and test-count shift, :func:`~geodbk.fit.tails.fit_measurement_tails`),
+            where the protocol does; maps of the tile mean do not change. ``False`` keeps it Gaussian (an ablation).
         density_tiles: another Ookla layer's tiles over the region (the fixed-broadband tiles,
             say): a frame, or files/URLs read by :func:`~geodbk.dataset.density.read_density_tiles`.
             Their test density and speed around each place become model inputs known at every map cell

@@ -4,7 +4,7 @@ Inputs are lon/lat in degrees (EPSG:4326) and, for space-time models, a quarter;
 :class:`~geodbk.dataset.inputs.InputSpace` maps them to what the regressor was fitted on. Space-time
 GP kinds add tile-scale detail from a :class:`~geodbk.fit.residuals.ResidualField` (a local
 kernel conditioned on their training residuals), and space-time models score a new measurement
-with the heavy-tailed family of :class:`~geodbk.fit.tails.MeasurementTails`. Outputs are in
+with the skewed family of :class:`~geodbk.fit.tails.MeasurementTails`. Outputs are in
 the target's log10 units. Asking about places or quarters outside the fitted domain warns with
 an :class:`~geodbk.errors.ExtrapolationWarning`.
 
@@ -187,7 +187,7 @@ class GeoModel:
         """Predictive distribution of log10(value) at ``lonlat`` (n, 2) degrees and ``time``.
 
         ``sd`` is the tile-mean distribution; ``tests`` (n,) adds ``measurement_sd`` (and
-        ``measurement_df``, from :attr:`tails`) for new measurements of that many tests (see
+        ``measurement_shape``, from :attr:`tails`) for new measurements of that many tests (see
         :class:`~geodbk.prediction.Prediction`).
         """
         lonlat = _lonlat(lonlat, "lonlat")

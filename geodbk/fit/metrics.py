@@ -1,8 +1,8 @@
 """Point and probabilistic accuracy of predictions, overall and by urban/rural.
 
 All functions take targets ``y`` (n,) and a :class:`~geodbk.prediction.Prediction` in the
-same units and return means over points. A prediction is Gaussian or, with finite ``df``, a
-Student-t with the same mean and sd (a new measurement's heavy tail,
+same units and return means over points. A prediction is Gaussian or has another
+:class:`~geodbk.shape.Shape` with the same mean and sd (a new measurement's long lower tail,
 :class:`~geodbk.fit.tails.MeasurementTails`); 95% intervals are its central ones
 (z = 1.959964 when Gaussian).
 """
@@ -10,19 +10,17 @@ Student-t with the same mean and sd (a new measurement's heavy tail,
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from scipy.special import betaln, erf, gammaln, stdtr
 
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.models.objectives import gaussian_nll as elementwise_gaussian_nll
-from geodbk.prediction import Prediction, t_scale_per_sd
+from geodbk.prediction import Prediction
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
 GROUPS = ("overall", "urban", "rural")
@@ -40,28 +38,16 @@ def mae(y: np.ndarray, prediction: Prediction) -> float:
     return float(np.mean(np.abs(_check(y, prediction) - prediction.mean)))
 
 
-def _t_scale(prediction: Prediction) -> np.ndarray:
-    """(n,) the Student-t scale s of the prediction's sd and df > 2 (:func:`~geodbk.prediction.t_scale_per_sd`)."""
-    return np.asarray(prediction.sd, np.float64) * t_scale_per_sd(prediction.df)
-
-
-def _t_log_density(z: np.ndarray, df: float) -> np.ndarray:
-    """log f(z) of the standard Student-t with ``df`` degrees of freedom (scale 1):
-    lgamma((df + 1) / 2) - lgamma(df / 2) - 1/2 log(df pi) - (df + 1) / 2 log(1 + z^2 / df)."""
-    constant = gammaln(0.5 * (df + 1.0)) - gammaln(0.5 * df) - 0.5 * math.log(df * math.pi)
-    return constant - 0.5 * (df + 1.0) * np.log1p(z**2 / df)
-
-
 def nll_per_row(y: np.ndarray, prediction: Prediction) -> np.ndarray:
     """(n,) -log p(y) of each point. Gaussian: :func:`geodbk.models.objectives.gaussian_nll` in
-    float64. Student-t: log s - log f((y - mean) / s), s = :func:`_t_scale`, f the standard t."""
+    float64. Another shape: log sd - log f((y - mean) / sd), f the shape's density."""
     y = _check(y, prediction)
-    if math.isinf(prediction.df):
+    if prediction.shape.is_gaussian:
         y_t, mean, var = (torch.tensor(np.asarray(a), dtype=torch.float64)
                           for a in (y, prediction.mean, prediction.var))
         return elementwise_gaussian_nll(y_t, mean, var).numpy()
-    scale = _t_scale(prediction)
-    return np.log(scale) - _t_log_density((y - prediction.mean) / scale, prediction.df)
+    sd = np.asarray(prediction.sd, np.float64)
+    return np.log(sd) - prediction.shape.log_density((y - prediction.mean) / sd)
 
 
 def nll(y: np.ndarray, prediction: Prediction) -> float:
@@ -70,23 +56,11 @@ def nll(y: np.ndarray, prediction: Prediction) -> float:
 
 
 def crps(y: np.ndarray, prediction: Prediction) -> float:
-    """Mean closed-form CRPS. Gaussian: sd [z (2 Phi(z) - 1) + 2 pdf(z) - 1/sqrt(pi)], z = (y - mean) / sd.
-    Student-t with scale s and df (Jordan, Krueger and Lerch 2019, the scoringRules paper), z = (y - mean) / s:
-    s [z (2 F(z) - 1) + 2 f(z) (df + z^2) / (df - 1) - 2 sqrt(df) B(1/2, df - 1/2) / ((df - 1) B(1/2, df/2)^2)],
-    F and f the standard t's cdf and density."""
+    """Mean CRPS, sd times the shape's CRPS of (y - mean) / sd (:meth:`geodbk.shape.Shape.crps`:
+    closed-form for a Gaussian and a Student-t, numerical for a sinh-arcsinh shape)."""
     y = _check(y, prediction)
-    df = prediction.df
-    if math.isinf(df):
-        z = (y - prediction.mean) / prediction.sd
-        cdf = 0.5 * (1.0 + erf(z / math.sqrt(2.0)))
-        pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
-        return float(np.mean(prediction.sd * (z * (2.0 * cdf - 1.0) + 2.0 * pdf - 1.0 / math.sqrt(math.pi))))
-    scale = _t_scale(prediction)
-    z = (y - prediction.mean) / scale
-    spread = 2.0 * math.sqrt(df) * math.exp(betaln(0.5, df - 0.5) - 2.0 * betaln(0.5, 0.5 * df)) / (df - 1.0)
-    density = np.exp(_t_log_density(z, df))
-    per_row = z * (2.0 * stdtr(df, z) - 1.0) + 2.0 * density * (df + z**2) / (df - 1.0) - spread
-    return float(np.mean(scale * per_row))
+    sd = np.asarray(prediction.sd, np.float64)
+    return float(np.mean(sd * prediction.shape.crps((y - prediction.mean) / sd)))
 
 
 def coverage95(y: np.ndarray, prediction: Prediction) -> float:

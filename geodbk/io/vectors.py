@@ -12,7 +12,7 @@ from geodbk.dataset.targets import target_column
 from geodbk.errors import InputDataError
 from geodbk.fileio import atomic_path
 from geodbk.maps.thresholds import Benchmark, default_benchmark
-from geodbk.prediction import probability_below, probability_both_above, to_data_units
+from geodbk.prediction import probability_pair_above, to_data_units
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.dataset.spatial_dataset import SpatialDataset
@@ -31,7 +31,7 @@ def tile_predictions(
     Columns: ``quadkey, year, quarter, tests, urban_rural, lon, lat`` (tile centre, degrees),
     the observation ``y`` (log10) and ``observed_<u>`` (data units, e.g. ``observed_mbps``),
     the prediction ``mean, sd, lower, upper, pi_width`` (log10) and ``mean_<u>, lower_<u>,
-    upper_<u>`` (10 ** the log10 value), ``inside_pi`` (observation inside the 95% interval),
+    upper_<u>`` (10 ** the log10 median and interval ends), ``inside_pi`` (observation inside the 95% interval),
     and ``geometry`` (tile polygon, EPSG:4326). A two-target model (download and upload) adds
     ``observed_download_mbps`` and ``observed_upload_mbps`` and, for a new measurement of the
     tile's own tests, ``p_meets`` (both speeds reach ``benchmark``, default the service's FCC
@@ -48,7 +48,7 @@ def tile_predictions(
     sd = np.asarray(pred.sd, dtype=np.float64)
     key = str(getattr(dataset, "units", "Mbps")).lower()
     y = tiles["y"].to_numpy(np.float64)
-    lower, upper = pred.lower, pred.upper  # the measurement's central 95% interval (Student-t or Gaussian)
+    lower, upper = pred.lower, pred.upper  # the measurement's central 95% interval (its shape's)
     keep = [c for c in ("quadkey", "year", "quarter", "tests", "urban_rural", "lon", "lat") if c in tiles.columns]
     out = tiles[keep].copy()
     out["y"] = y
@@ -58,7 +58,7 @@ def tile_predictions(
     out["lower"] = lower
     out["upper"] = upper
     out["pi_width"] = upper - lower
-    out[f"mean_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd, pred.df)
+    out[f"mean_{key}"], out[f"lower_{key}"], out[f"upper_{key}"] = to_data_units(mean, sd, pred.shape)
     out["inside_pi"] = (y >= lower) & (y <= upper)
     if len(model.targets) == 2:
         out = out.assign(**_benchmark_columns(model, dataset, tiles, benchmark))
@@ -77,14 +77,13 @@ def _benchmark_columns(
     with_tests = {t: model.for_target(t).predict_tiles(tiles) for t in ("download", "upload")}
     assert model.correlation is not None  # every two-target model has one
     rho = model.correlation.measurement(with_tests["download"], with_tests["upload"])
-    # a new measurement of the tile's own tests, taken as Gaussian with its sd for the joint probability
+    # a new measurement of the tile's own tests: each marginal its own shape, joined by a Gaussian copula
     download, upload = with_tests["download"].measurement(), with_tests["upload"].measurement()
     columns = {f"observed_{t}_mbps": tiles[target_column(dataset.target, t, "value")].to_numpy(np.float64)
                for t in ("download", "upload")}
-    columns["p_meets"] = probability_both_above(
-        download.mean, download.sd, upload.mean, upload.sd, rho, *levels)
-    columns["p_meets_download"] = 1.0 - probability_below(download.mean, download.sd, levels[0])
-    columns["p_meets_upload"] = 1.0 - probability_below(upload.mean, upload.sd, levels[1])
+    columns["p_meets"] = probability_pair_above(download, upload, rho, *levels)
+    columns["p_meets_download"] = download.probability_above(levels[0])
+    columns["p_meets_upload"] = upload.probability_above(levels[1])
     return columns
 
 
