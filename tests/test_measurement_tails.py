@@ -141,3 +141,21 @@ def test_equal_test_counts_give_no_shift():
     y = rng.normal(size=500)
     claimed = Prediction(np.zeros(500), np.full(500, 0.5), measurement_sd=np.full(500, 1.0))
     assert fit_measurement_tails(y, claimed, np.full(500, 3.0), train_tests=np.full(50, 2.0)).tests_shift == 0.0
+
+
+def test_the_prior_holds_a_few_rows_near_it_and_lets_many_rows_speak(monkeypatch):
+    """Gaussian rows with a noise 1.5 times the claimed one: 40,000 of them find the Gaussian shape
+    and the scale; 40 stay near the prior's shape, where the unheld choice runs to an extreme."""
+    from geodbk.fit import tails as tails_module
+
+    rng = np.random.default_rng(5)
+    claimed = Prediction(np.zeros(40_000), np.full(40_000, 0.1), measurement_sd=np.full(40_000, 0.4))
+    y = rng.normal(0.0, math.sqrt(0.01 + 1.5**2 * 0.15), 40_000)
+    many = fit_measurement_tails(y, claimed)
+    assert abs(many.shape.skew) < 0.05 and many.noise_scale == pytest.approx(1.5, rel=0.03)
+    few_y, few_claimed = y[:40], claimed.subset(np.arange(40))
+    held = fit_measurement_tails(few_y, few_claimed)
+    assert abs(held.shape.skew - tails_module.PRIOR_CENTRE[2]) < 0.3 and 0.8 < held.shape.tailweight < 1.25
+    monkeypatch.setattr(tails_module, "PRIOR_SD", (1e9,) * 4)
+    unheld = fit_measurement_tails(few_y, few_claimed)
+    assert abs(unheld.shape.skew) > 1.0 and unheld.shape.tailweight > 2.0
