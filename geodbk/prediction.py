@@ -88,7 +88,7 @@ class Prediction:
         """(n,) P(Y >= level), ``level`` in the same (log10) units."""
         return ndtr(-self.normal_score(level))
 
-    def normal_score(self, level: float) -> np.ndarray:
+    def normal_score(self, level: np.ndarray | float) -> np.ndarray:
         """(n,) Phi^-1(P(Y <= level)): ``level`` standardised through the shape onto a standard
         normal (for a Gaussian, (level - mean) / sd), as a Gaussian copula joins two targets."""
         return self.shape.normal_score((level - self.mean) / self.sd)
