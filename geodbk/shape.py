@@ -62,17 +62,17 @@ class Shape:
     def __post_init__(self) -> None:
         if not (self.df > 2.0 and self.tailweight > 0.0 and math.isfinite(self.skew)):
             raise ValueError(f"a shape needs df > 2, tailweight > 0 and a finite skew, got {self}")
-        if math.isfinite(self.df) and not self.is_symmetric_normal_base:
+        if math.isfinite(self.df) and not self.is_untransformed:
             raise ValueError("a Student-t shape has no skew or tail weight")
 
     @property
-    def is_symmetric_normal_base(self) -> bool:
-        """True when skew = 0 and tailweight = 1 (a Gaussian or a plain t)."""
+    def is_untransformed(self) -> bool:
+        """True when there is no sinh-arcsinh transform, skew = 0 and tailweight = 1 (a Gaussian or a plain t)."""
         return self.skew == 0.0 and self.tailweight == 1.0
 
     @property
     def is_gaussian(self) -> bool:
-        return math.isinf(self.df) and self.is_symmetric_normal_base
+        return math.isinf(self.df) and self.is_untransformed
 
     @property
     def is_t(self) -> bool:
