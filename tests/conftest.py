@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,13 @@ import torch
 from geodbk import paths
 from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset
 from geodbk.ingest.ookla import read_tiles
+
+
+@pytest.fixture(scope="session")
+def fit_device() -> str:
+    """The device of the fits whose posterior, conditioning, hexagons and plans the tests check:
+    ``GEODBK_TEST_DEVICE`` (default ``"cpu"``; ``benchmarks/gpu_check.sh`` sets ``"cuda"``)."""
+    return os.environ.get("GEODBK_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

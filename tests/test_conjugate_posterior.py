@@ -189,14 +189,16 @@ def test_input_dependent_noise_is_recovered_and_folded_prediction_agrees():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_fit_on_cuda_equals_the_fit_on_the_cpu():
-    """Optimiser state lives on the host, the data on the device: the same fit either way."""
+@pytest.mark.parametrize("tiles_on", ["cuda", "cpu"])
+def test_the_fit_on_cuda_equals_the_fit_on_the_cpu(tiles_on):
+    """Optimiser state lives on the host, the data on the device: the same fit either way. The
+    tile labels may come on the host, as :meth:`~geodbk.fit.regressor.Regressor.refit_posterior` gives them."""
     cpu, _ = _model(rank=16)
     gpu, _ = _model(rank=16)
     gpu.cuda()
     x, tests, tiles, y, _ = _draw(cpu, 600, tile_effect=0.2)
     on_cpu = fit_conjugate_posterior(cpu, x, y, tests, tiles)
-    on_gpu = fit_conjugate_posterior(gpu, x.cuda(), y.cuda(), tests.cuda(), tiles.cuda())
+    on_gpu = fit_conjugate_posterior(gpu, x.cuda(), y.cuda(), tests.cuda(), tiles.to(tiles_on))
     assert on_gpu.log_marginal_per_row == pytest.approx(on_cpu.log_marginal_per_row, abs=1e-9)
     for name in ("weight_prior_variance", "tile_noise", "per_test_noise", "tile_effect", "variance_shape"):
         assert getattr(on_gpu, name) == pytest.approx(getattr(on_cpu, name), rel=1e-4), name

@@ -117,15 +117,16 @@ def test_blocks_of_a_cover_are_covers() -> None:
 
 # --- hexagon summaries of a fitted model ---------------------------------------------------------
 @pytest.fixture(scope="module")
-def two_targets(pr_tiles, single_thread):
+def two_targets(pr_tiles, single_thread, fit_device):
     """A tiny download-and-upload dbk-rbf model of PR 2023Q4 without the local residual field,
-    whose hexagon variance is exactly that of the tiles' joint posterior."""
+    whose hexagon variance is exactly that of the tiles' joint posterior. In float64, so that
+    the exact comparisons hold on CUDA too, where float32 sums depend on the batch."""
     from geodbk.dataset.spatial_dataset import build_dataset
     from geodbk.fit.fitting import fit_dataset
 
     dataset = build_dataset(pr_tiles, "PR", target="download,upload", quarters="2023Q4", seed=0)
-    model = fit_dataset(dataset, "dbk-rbf", hidden=16, rank=16, epochs=1, local_residuals=False,
-                        progress=False, device="cpu")
+    model = fit_dataset(dataset, "dbk-rbf", hidden=16, rank=16, epochs=1, dtype="float64", local_residuals=False,
+                        progress=False, device=fit_device)
     assert model.targets == ("download", "upload") and model.residuals is None
     return model
 

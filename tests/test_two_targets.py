@@ -35,9 +35,9 @@ def dataset() -> SpatialDataset:
 
 
 @pytest.fixture(scope="module")
-def model(dataset) -> GeoModel:
+def model(dataset, fit_device) -> GeoModel:
     return fit_dataset(dataset, "dbk-rbf", hidden=16, rank=16, dtype="float64", lr=1e-3, epochs=3,
-                       batch_size=256, progress=False, device="cpu")
+                       batch_size=256, progress=False, device=fit_device)
 
 
 def test_two_target_dataset_keeps_both_speeds(dataset, tmp_path):

@@ -23,10 +23,10 @@ KINDS = ("dbk-rbf", "sv-rbf", "knn")
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(tmp_path_factory, fit_device):
     lines: list[str] = []
     config = DemoConfig(quarters=["2023Q3", "2023Q4"], models=KINDS, epochs=2, resolution=0.02, progress=False,
-                        device="cpu", h3_resolution=7, plan_budget=3)
+                        device=fit_device, h3_resolution=7, plan_budget=3)
     result = run_demo(tmp_path_factory.mktemp("run"), config, echo=lines.append)
     return result, lines
 

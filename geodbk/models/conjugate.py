@@ -232,7 +232,7 @@ def fit_conjugate_posterior(
     counts = None if tests is None or not model.noise.per_test else tests.double()
     tile_index, n_tiles = None, 0
     if tiles is not None:
-        _, tile_index = torch.unique(tiles, return_inverse=True)
+        _, tile_index = torch.unique(tiles.to(x.device), return_inverse=True)
         n_tiles = int(tile_index.max()) + 1 if len(tile_index) else 0
     cpu_tiles = None if tile_index is None else tile_index.cpu()
     fit_rows = _estimation_rows(len(target), cpu_tiles, max_rows, seed).to(x.device)
