@@ -15,8 +15,10 @@ settings (the demo's schedule and density layer) and reused by every part:
    (hexagons with >= 2 of them), and those of every test quarter pooled (a random split holds
    out too few neighbouring tiles in one quarter for a reliability table): truth = the tiles'
    mean observed log10 download and upload both reach the pair; prediction = the model's joint
-   Gaussian of the hexagon's tile mean plus the measurement noise of the average
-   (sum_i per_test_i / tests_i / n^2), then its P(meets).
+   Gaussian of the hexagon's tile mean, moved by the mean of its tiles' test-count shifts (a
+   new measurement's centre, ``MeasurementTails.tests_shift``) and widened by the measurement
+   noise of the average (sum_i per_test_i / tests_i / n^2), then its P(meets). (Runs before
+   2026-11-27's fourth session left the shift out.)
 3. **Planning** (spatial-block split): candidates = the hexagons holding test tiles of the latest
    quarter; ``plan_visits`` picks N of them on the joint posterior of their means (35/3); their
    held-out rows are revealed to the model (``GeoModel.condition``, no refit) and every
@@ -194,7 +196,8 @@ def hexagon_truth(hexagons: Hexagons, levels: tuple[float, float]) -> np.ndarray
 
 def hexagon_distribution(model: GeoModel, hexagons: Hexagons) -> tuple[np.ndarray, np.ndarray]:
     """(H, 2) mean and (H, 2, 2) covariance of each hexagon's observed tile-mean average: the
-    model's joint Gaussian of the mean plus the average's measurement noise (tiles weighted 1/n)."""
+    model's joint Gaussian of the mean, moved by the tiles' mean test-count shift of a new
+    measurement, plus the average's measurement noise (tiles weighted 1/n)."""
     lonlat = hexagons.tiles[["lon", "lat"]].to_numpy(np.float64)
     grouped = model.posterior(lonlat, hexagons.quarter, groups=hexagons.groups, n_groups=hexagons.n_groups,
                               covariance=False)
@@ -203,7 +206,12 @@ def hexagon_distribution(model: GeoModel, hexagons: Hexagons) -> tuple[np.ndarra
     tests = hexagons.tiles["tests"].to_numpy(np.float64)
     noise = np.zeros((hexagons.n_groups, 2, 2))
     np.add.at(noise, hexagons.groups, (weight**2 / tests)[:, None, None] * points.per_test)
-    return grouped.mean, grouped.site_covariance() + noise
+    shift = np.zeros_like(grouped.mean)
+    for column, target in enumerate(model.targets):
+        tile_shift = model.for_target(target).predict_tiles(hexagons.tiles).measurement_shift
+        if tile_shift is not None:
+            shift[:, column] = np.bincount(hexagons.groups, weight * tile_shift, minlength=hexagons.n_groups)
+    return grouped.mean + shift, grouped.site_covariance() + noise
 
 
 def hexagon_scores(model: GeoModel, dataset: SpatialDataset) -> tuple[list[dict], dict[str, pd.DataFrame]]:
