@@ -135,7 +135,8 @@ class _Greedy:
         directions = np.zeros(self.posterior.mean.shape)
         weights = np.zeros(self.posterior.n_sites)
         directions[self.active], weights[self.active] = self.slope, chord
-        proxy = self.posterior.total_variance_removed(directions, weights, self.candidates, self.tests)
+        proxy = self.posterior.total_variance_removed(directions, weights, self.candidates, self.tests,
+                                                      local_dtype=np.float32)
         return np.argsort(-proxy, kind="stable")[:BATCH]
 
     def gains(self, chosen: np.ndarray) -> np.ndarray:
