@@ -15,6 +15,10 @@ region, timed once. Issue 34's targets: 1,000 rows timed; the plan in 60 s or le
     python benchmarks/bench_update.py --model runs/pr2/models/dbk-rbf.pt --dataset runs/pr2/dataset.parquet
 
 ``--dataset`` must be the dataset ``--model`` was fitted on (its test rows are the new rows).
+
+Measured on 2 cores (2026-11-27, commit 386f11f): 100 / 1,000 / 10,000 new rows in 0.10 / 0.11 /
+0.18 s, the download MAE at them 0.38 -> 0.30 (1,000 rows); the 50-visit plan among 17,675
+hexagons in 74.0 s (the first of its commits took 122 s on one core).
 """
 
 from __future__ import annotations
