@@ -136,7 +136,7 @@ class _Greedy:
         weights = np.zeros(self.posterior.n_sites)
         directions[self.active], weights[self.active] = self.slope, chord
         proxy = self.posterior.total_variance_removed(directions, weights, self.candidates, self.tests,
-                                                      local_dtype=np.float32)
+                                                      dtype=np.float32)
         return np.argsort(-proxy, kind="stable")[:BATCH]
 
     def gains(self, chosen: np.ndarray) -> np.ndarray:
