@@ -366,7 +366,9 @@ class MapPosterior:
         w = np.asarray(weights, dtype=np.float64)
         if d.shape != self.mean.shape or w.shape != (self.n_sites,):
             raise InputDataError(f"directions must be shaped {self.mean.shape} and weights ({self.n_sites},)")
-        factor, downdate, d_low = (array.astype(dtype, copy=False) for array in (self.factor, self.downdate, d))
+        factor: np.ndarray = np.asarray(self.factor, dtype=dtype)
+        downdate: np.ndarray = np.asarray(self.downdate, dtype=dtype)
+        d_low: np.ndarray = np.asarray(d, dtype=dtype)
         z = np.concatenate([np.einsum("ia,iak->ik", d_low, factor), -np.einsum("ia,iak->ik", d_low, downdate)], 1)
         weighted_z = z * w.astype(dtype)[:, None]
         every = len(sites) == self.n_sites and bool((sites == np.arange(self.n_sites)).all())
