@@ -16,9 +16,9 @@ region, timed once. Issue 34's targets: 1,000 rows timed; the plan in 60 s or le
 
 ``--dataset`` must be the dataset ``--model`` was fitted on (its test rows are the new rows).
 
-Measured on 2 cores (2026-11-27, commit 386f11f): 100 / 1,000 / 10,000 new rows in 0.10 / 0.11 /
+Measured on 2 cores (2026-11-27, commit 925e4e4): 100 / 1,000 / 10,000 new rows in 0.10 / 0.11 /
 0.18 s, the download MAE at them 0.38 -> 0.30 (1,000 rows); the 50-visit plan among 17,675
-hexagons in 74.0 s (the first of its commits took 122 s on one core).
+hexagons in 60.9 s (118 s at commit 596b71a; docs/scale.md).
 """
 
 from __future__ import annotations
