@@ -262,8 +262,9 @@ def _run_demo_into(
 
     echo("test-split metrics (y = log10 " + f"{dataset.target} in {dataset.units}):")
     echo(format_metrics_table(metrics_table(results)))
-    if (note := dataset.test_note()) is not None:
-        echo(note)
+    for note in (dataset.validation_note(), dataset.test_note()):
+        if note is not None:
+            echo(note)
 
     fitted = next(iter(models.values()))
     several = fitted.latest_quarter is not None and len(fitted.info.fitted_quarters) > 1

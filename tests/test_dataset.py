@@ -317,3 +317,5 @@ def test_check_split_refuses_a_small_split_and_the_python_api_does_not(pr_datase
     pr_dataset.check_split()
     assert pr_dataset.test_note() == ("note: the test metrics come from only 643 rows, so they are noisy; compare "
                                       "models over several --seed values")
+    assert pr_dataset.validation_note() is None  # 641 validation rows
+    assert f"only {len(small.subset('val'))} validation rows chose" in str(small.validation_note())

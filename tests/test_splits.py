@@ -8,6 +8,7 @@ import pytest
 from geodbk.dataset.splits import (
     BLOCK_LADDER_M,
     DEFAULT_BLOCK_M,
+    FEW_VALIDATION_ROWS,
     GOAL_HELD_OUT_BLOCKS,
     GOAL_HELD_OUT_SHARE,
     MIN_HELD_OUT_BLOCKS,
@@ -18,6 +19,7 @@ from geodbk.dataset.splits import (
     blocks_per_split,
     check_usable_split,
     choose_block_m,
+    few_validation_rows_note,
     forecast_split,
     noisy_test_note,
     random_split,
@@ -333,6 +335,12 @@ def test_blocks_per_split_counts_distinct_blocks():
     labels = spatial_block_split(xy, 1, 2_000.0)
     counts = blocks_per_split(labels, block_ids(xy, 2_000.0))
     assert sum(counts.values()) == len(np.unique(_block_keys(xy, 2_000.0)))
+
+
+def test_few_validation_rows_get_a_note():
+    assert few_validation_rows_note(FEW_VALIDATION_ROWS) is None
+    note = few_validation_rows_note(104)
+    assert note is not None and note.startswith("note: only 104 validation rows chose") and "\n" not in note
 
 
 def test_the_noisy_note_names_blocks_or_rows():

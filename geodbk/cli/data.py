@@ -350,8 +350,9 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     # lock: a killed fit leaves the run folder as it was, and earlier models' rows are kept
     table = run.save_fits(dataset, models, results, overwrite=args.overwrite, geometry_from=args.dataset)
     echo(format_metrics_table(table))
-    if (note := dataset.test_note()) is not None:
-        echo(note)
+    for note in (dataset.validation_note(), dataset.test_note()):
+        if note is not None:
+            echo(note)
     return _failed_kinds(args, failed, list(models)) if failed else 0
 
 

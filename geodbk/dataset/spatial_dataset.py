@@ -40,6 +40,7 @@ from geodbk.dataset.splits import (
     blocks_per_split,
     check_usable_split,
     choose_block_m,
+    few_validation_rows_note,
     noisy_test_note,
 )
 from geodbk.dataset.targets import TARGETS, parse_targets, target_column
@@ -195,6 +196,11 @@ class SpatialDataset:
         (:func:`geodbk.dataset.splits.noisy_test_note`)."""
         blocks = self.held_out_blocks()["test"] if self.split_protocol == "spatial-block" else None
         return noisy_test_note(int((self.frame["split"] == "test").sum()), blocks)
+
+    def validation_note(self) -> str | None:
+        """One line saying that what a fit chooses on the validation rows rests on few of them,
+        else None (:func:`geodbk.dataset.splits.few_validation_rows_note`)."""
+        return few_validation_rows_note(int((self.frame["split"] == "val").sum()))
 
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``X`` (n, 2) region-box inputs ``x1, x2`` (the paper protocol), ``y`` (n,) log10

@@ -60,6 +60,9 @@ MIN_HELD_OUT_BLOCKS = 5
 #: Test sets with fewer blocks (spatial-block) or rows than these give noisy metrics (:func:`noisy_test_note`).
 NOISY_TEST_BLOCKS = 20
 NOISY_TEST_ROWS = 1_000
+#: Validation sets with fewer rows than this get :func:`few_validation_rows_note`: on Vieques with
+#: Culebra (104 rows) what they chose fitted them and not the test rows (docs/small-regions.md).
+FEW_VALIDATION_ROWS = 300
 
 _LABELS = np.array(SPLITS, dtype=object)
 #: The held-out splits as the messages name them.
@@ -325,6 +328,16 @@ def check_usable_split(
         raise InputDataError(f"the {protocol} split of {n:,} rows leaves {found}; {advice}")
     if noisy:
         warnings.warn(f"only {noisy}: metrics from this split are noisy", UserWarning, stacklevel=2)
+
+
+def few_validation_rows_note(val_rows: int) -> str | None:
+    """One line saying that a fit's validation-chosen parts rest on few rows, when the validation
+    set has fewer than :data:`FEW_VALIDATION_ROWS`; None otherwise."""
+    if val_rows >= FEW_VALIDATION_ROWS:
+        return None
+    return (f"note: only {val_rows:,} validation rows chose a GP fit's early stop, its residual field's kernel and "
+            "the new-measurement family; choices made on so few may not carry to new data (compare several "
+            "--seed values)")
 
 
 def noisy_test_note(test_rows: int, test_blocks: int | None = None) -> str | None:
