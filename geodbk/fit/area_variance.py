@@ -87,7 +87,7 @@ def _small_groups(
 ) -> np.ndarray:
     """:func:`grouped_local_variance` of the groups of ``points`` (their indices), as arrays: every
     (point, member of its group) pair and every (point, training neighbour, member) triple within
-    ``cutoff`` metres, in blocks of about :data:`_TRIPLES` triples. For groups of at most
+    ``cutoff`` metres, in blocks of at most :data:`_TRIPLES` triples. For groups of at most
     :data:`SMALL_GROUP` points (hexagons of tiles), where a loop over groups took about 100
     microseconds a group. The other arguments as :func:`grouped_local_variance` has them, with
     ``order`` the points sorted by group, ``starts`` (n_groups + 1,) where each group's run in it
@@ -95,12 +95,8 @@ def _small_groups(
     out = np.zeros(n_groups)
     m = neighbours.shape[1]
     partners = sizes[groups[points]]
-    ends = np.cumsum(partners * m)
-    begin = 0
-    while begin < len(points):
-        stop = max(int(np.searchsorted(ends, ends[begin] - partners[begin] * m + _TRIPLES, "right")), begin + 1)
-        block, count = points[begin:stop], partners[begin:stop]
-        begin = stop
+    for rows in blocks(len(points), max(1, _TRIPLES // (m * SMALL_GROUP))):  # at most _TRIPLES triples
+        block, count = points[rows], partners[rows]
         first = np.repeat(block, count)  # point i, once per member j of its group
         offset = np.arange(len(first)) - np.repeat(np.cumsum(count) - count, count)
         second = order[np.repeat(starts[groups[block]], count) + offset]
