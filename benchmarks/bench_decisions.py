@@ -213,7 +213,8 @@ def hexagon_distribution(model: GeoModel, hexagons: Hexagons, shifted: bool = Tr
     np.add.at(noise, hexagons.groups, (weight**2 / tests)[:, None, None] * points.per_test)
     shift = np.zeros_like(grouped.mean)
     for column, target in enumerate(model.targets if shifted else ()):
-        tile_shift = model.for_target(target).predict_tiles(hexagons.tiles).measurement_shift
+        tails = model.for_target(target).tails
+        tile_shift = None if tails is None else tails.measurement_shift(tests)
         if tile_shift is not None:
             shift[:, column] = np.bincount(hexagons.groups, weight * tile_shift, minlength=hexagons.n_groups)
     return grouped.mean + shift, grouped.site_covariance() + noise

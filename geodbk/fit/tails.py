@@ -93,10 +93,16 @@ class MeasurementTails:
             return prediction
         noise_var = np.maximum(prediction.measurement_sd**2 - prediction.sd**2, 0.0)
         measurement_sd = np.sqrt(prediction.sd**2 + self.noise_scale**2 * noise_var)
-        shift = None if tests is None or self.tests_shift == 0.0 else self.tests_shift * (
-            1.0 / np.asarray(tests, dtype=np.float64) - self.tests_centre)
         return replace(prediction, measurement_sd=measurement_sd, measurement_shape=self.shape,
-                       measurement_shift=shift)
+                       measurement_shift=self.measurement_shift(tests))
+
+    def measurement_shift(self, tests: np.ndarray | None) -> np.ndarray | None:
+        """(n,) a new measurement's mean minus the tile mean, log10 units, for measurements of
+        ``tests`` (n,) tests: ``tests_shift (1 / tests - tests_centre)``; ``None`` (no shift) for
+        no tests or a zero ``tests_shift``."""
+        if tests is None or self.tests_shift == 0.0:
+            return None
+        return self.tests_shift * (1.0 / np.asarray(tests, dtype=np.float64) - self.tests_centre)
 
     def to_payload(self) -> dict[str, float]:
         return {**self.shape.to_payload(), "noise_scale": self.noise_scale, "validation_nll": self.validation_nll,
