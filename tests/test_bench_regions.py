@@ -1,0 +1,36 @@
+"""benchmarks/bench_regions.py: the spread of a mean difference over independent draws, and the
+"dbk-rbf minus" cells built from it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_regions  # noqa: E402  # benchmarks/bench_regions.py, not a package
+
+
+def test_mean_difference_sd_matches_the_spread_of_simulated_means() -> None:
+    """Three independent draws with their own sds: the sd the function gives for their mean is the
+    sd of the mean of simulated draws (Monte Carlo, 1% at 200,000 replicates)."""
+    means, sds = np.array([0.05, -0.02, 0.11]), np.array([0.03, 0.09, 0.05])
+    difference, sd = bench_regions.mean_difference(list(zip(means, sds, strict=True)))
+    assert difference == np.mean(means)
+    simulated = np.random.default_rng(0).normal(means, sds, size=(200_000, 3)).mean(axis=1)
+    assert abs(sd - simulated.std()) < 0.01 * sd
+    assert abs(simulated.mean() - difference) < 3 * sd / np.sqrt(200_000)
+
+
+def test_minus_column_gives_the_latest_draw_or_the_mean_per_peer_of_the_split() -> None:
+    spreads = {
+        ("random", "gpboost:map"): [(0.010, 0.020), (0.030, 0.040)],
+        ("random", "lightgbm:map"): [(-0.050, 0.030), (-0.070, 0.040)],
+        ("spatial-block", "gpboost:map"): [(0.500, 0.100)],
+    }
+    latest = bench_regions.minus_column(spreads, "random", draw=-1)
+    assert latest == "gpboost:map +0.030+/-0.040; lightgbm:map -0.070+/-0.040"
+    mean = bench_regions.minus_column(spreads, "random", draw=None)
+    assert mean == "gpboost:map +0.020+/-0.022; lightgbm:map -0.060+/-0.025"
+    assert bench_regions.minus_column(spreads, "spatial-block", draw=None) == "gpboost:map +0.500+/-0.100"
