@@ -37,7 +37,7 @@ from geodbk.fileio import (
 )
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
-from geodbk.fit.metrics import evaluate, format_metrics_table, metrics_table
+from geodbk.fit.metrics import baseline_note, evaluate, format_metrics_table, metrics_table
 from geodbk.fit.protocol import configs
 from geodbk.io.geotiff import write_geotiff
 from geodbk.io.run_folder import RunFolder
@@ -261,8 +261,9 @@ def _run_demo_into(
         results[kind] = evaluate_on_test(model, dataset)
 
     echo("test-split metrics (y = log10 " + f"{dataset.target} in {dataset.units}):")
-    echo(format_metrics_table(metrics_table(results)))
-    for note in (dataset.validation_note(), dataset.test_note()):
+    scores = metrics_table(results)
+    echo(format_metrics_table(scores))
+    for note in (baseline_note(scores), dataset.validation_note(), dataset.test_note()):
         if note is not None:
             echo(note)
 

@@ -9,6 +9,7 @@ import pytest
 
 from geodbk.errors import InputDataError
 from geodbk.fit.metrics import (
+    baseline_note,
     coverage95,
     crps,
     evaluate,
@@ -80,3 +81,26 @@ def test_evaluate_by_urban_rural_and_tables(tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(csv_path), table, check_dtype=False)
     records = json.loads(json_path.read_text())
     assert records[1]["group"] == "urban" and records[1]["n"] == 3
+
+
+def test_baseline_note_names_the_models_the_nearest_tiles_average_beats():
+    """Truth y ~ N(0, 1): a model that predicts it with sd 1 beats a knn row predicting with sd 3,
+    which beats a model 2 sd off the mean; the note names only the last, with both overall NLLs."""
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=4000)
+    groups = np.where(np.arange(4000) % 2 == 0, "urban", "rural")
+    zeros = np.zeros_like(y)
+    results = {
+        "dbk-rbf": evaluate(y, Prediction(zeros, np.ones_like(y)), groups),
+        "knn": evaluate(y, Prediction(zeros, np.full_like(y, 3.0)), groups),
+        "sv-rbf": evaluate(y, Prediction(zeros + 2.0, np.ones_like(y)), groups),
+    }
+    table = metrics_table(results)
+    note = baseline_note(table)
+    overall = table[table["group"] == "overall"].set_index("model")["NLL"]
+    assert overall["dbk-rbf"] < overall["knn"] < overall["sv-rbf"]
+    assert note is not None and note.startswith("note: the nearest-tiles average (knn, NLL ")
+    assert f"sv-rbf ({overall['sv-rbf']:.3f})" in note and f"NLL {overall['knn']:.3f}" in note
+    assert "dbk-rbf" not in note
+    assert baseline_note(metrics_table({k: results[k] for k in ("dbk-rbf", "knn")})) is None
+    assert baseline_note(metrics_table({k: results[k] for k in ("dbk-rbf", "sv-rbf")})) is None  # no baseline row

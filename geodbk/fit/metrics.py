@@ -24,6 +24,8 @@ from geodbk.prediction import Prediction
 
 METRIC_COLUMNS = ["n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
 GROUPS = ("overall", "urban", "rural")
+#: The closed-form k-nearest-tiles baseline (:mod:`geodbk.models.knn`) that a map has to beat.
+BASELINE_KIND = "knn"
 
 
 def _check(y: np.ndarray, prediction: Prediction) -> np.ndarray:
@@ -128,6 +130,23 @@ def format_metrics_table(table: pd.DataFrame) -> str:
     for col in ("MAE", "NLL", "CRPS", "pi_width"):
         shown[col] = shown[col].map("{:.4f}".format)
     return shown.to_string(index=False)
+
+
+def baseline_note(table: pd.DataFrame) -> str | None:
+    """One line naming the models of a :func:`metrics_table` whose overall NLL is above the
+    nearest-tiles baseline's (:data:`BASELINE_KIND`), with both NLLs; None when every model beats
+    it or the table has no baseline row. On a small region's held-out blocks the baseline can win
+    (the Big Island's 6-10 km squares in ``benchmarks/bench_regions.py``), and there the map says
+    less than the measured tiles around a place."""
+    overall = table[table["group"] == "overall"].set_index("model")["NLL"]
+    if BASELINE_KIND not in overall.index:
+        return None
+    baseline = float(overall[BASELINE_KIND])
+    worse = [f"{model} ({nll:.3f})" for model, nll in overall.items() if model != BASELINE_KIND and nll > baseline]
+    if not worse:
+        return None
+    return (f"note: the nearest-tiles average ({BASELINE_KIND}, NLL {baseline:.3f}) scores better on these held-out "
+            f"rows than {', '.join(worse)}; at places like them, the measured tiles nearby say more than that map")
 
 
 def save_metrics(table: pd.DataFrame, run_dir: str | Path, *, overwrite: bool = False) -> tuple[Path, Path]:
