@@ -104,3 +104,5 @@ def test_baseline_note_names_the_models_the_nearest_tiles_average_beats():
     assert "dbk-rbf" not in note
     assert baseline_note(metrics_table({k: results[k] for k in ("dbk-rbf", "knn")})) is None
     assert baseline_note(metrics_table({k: results[k] for k in ("dbk-rbf", "sv-rbf")})) is None  # no baseline row
+    repeated = pd.concat([metrics_table({"knn": results["dbk-rbf"]}), table], ignore_index=True)  # an older knn row
+    assert baseline_note(repeated) == note  # the latest row of a model counts

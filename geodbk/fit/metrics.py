@@ -138,7 +138,7 @@ def baseline_note(table: pd.DataFrame) -> str | None:
     it or the table has no baseline row. On a small region's held-out blocks the baseline can win
     (the Big Island's 6-10 km squares in ``benchmarks/bench_regions.py``), and there the map says
     less than the measured tiles around a place."""
-    overall = table[table["group"] == "overall"].set_index("model")["NLL"]
+    overall = table[table["group"] == "overall"].drop_duplicates("model", keep="last").set_index("model")["NLL"]
     if BASELINE_KIND not in overall.index:
         return None
     baseline = float(overall[BASELINE_KIND])
