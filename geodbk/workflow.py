@@ -168,6 +168,13 @@ def evaluate_on_test(model: GeoModel, dataset: SpatialDataset, split: str = "tes
     return evaluate(rows["y"].to_numpy(np.float64), prediction, rows["urban_rural"].to_numpy().astype(str))
 
 
+def metrics_notes(table: pd.DataFrame, dataset: SpatialDataset) -> list[str]:
+    """The lines printed under a fit's test metrics ``table`` (a :func:`~geodbk.fit.metrics.metrics_table`):
+    a model that the nearest-tiles average beats, few validation rows, a noisy test split."""
+    notes = (baseline_note(table), dataset.validation_note(), dataset.test_note())
+    return [note for note in notes if note is not None]
+
+
 def run_demo(
     out_dir: str | Path,
     config: DemoConfig | None = None,
@@ -263,9 +270,8 @@ def _run_demo_into(
     echo("test-split metrics (y = log10 " + f"{dataset.target} in {dataset.units}):")
     scores = metrics_table(results)
     echo(format_metrics_table(scores))
-    for note in (baseline_note(scores), dataset.validation_note(), dataset.test_note()):
-        if note is not None:
-            echo(note)
+    for note in metrics_notes(scores, dataset):
+        echo(note)
 
     fitted = next(iter(models.values()))
     several = fitted.latest_quarter is not None and len(fitted.info.fitted_quarters) > 1
@@ -305,4 +311,4 @@ def _run_demo_into(
     return DemoResult(final, dataset, models, table, refs, files, seconds)
 
 
-__all__ = ["DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "evaluate_on_test", "run_demo"]
+__all__ = ["DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "evaluate_on_test", "metrics_notes", "run_demo"]

@@ -285,10 +285,10 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     from geodbk.dataset.spatial_dataset import SpatialDataset
     from geodbk.fit.distributed import is_worker
     from geodbk.fit.fitting import fit_dataset
-    from geodbk.fit.metrics import baseline_note, format_metrics_table
+    from geodbk.fit.metrics import format_metrics_table
     from geodbk.fit.protocol import configs
     from geodbk.models.config import check_model_size
-    from geodbk.workflow import RunFolder, evaluate_on_test
+    from geodbk.workflow import RunFolder, evaluate_on_test, metrics_notes
 
     def echo(text: str) -> None:
         if main:
@@ -350,9 +350,8 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     # lock: a killed fit leaves the run folder as it was, and earlier models' rows are kept
     table = run.save_fits(dataset, models, results, overwrite=args.overwrite, geometry_from=args.dataset)
     echo(format_metrics_table(table))
-    for note in (baseline_note(table), dataset.validation_note(), dataset.test_note()):
-        if note is not None:
-            echo(note)
+    for note in metrics_notes(table, dataset):
+        echo(note)
     return _failed_kinds(args, failed, list(models)) if failed else 0
 
 
