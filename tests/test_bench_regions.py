@@ -1,5 +1,5 @@
-"""benchmarks/bench_regions.py: the spread of a mean difference over independent draws, and the
-"dbk-rbf minus" cells built from it."""
+"""benchmarks/bench_regions.py: the spread of a mean difference over independent draws, the
+"dbk-rbf minus" cells built from it, and the block side chosen for its smallest crop."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+from geodbk.errors import InputDataError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_regions  # noqa: E402  # benchmarks/bench_regions.py, not a package
@@ -34,3 +37,19 @@ def test_minus_column_gives_the_latest_draw_or_the_mean_per_peer_of_the_split() 
     mean = bench_regions.minus_column(spreads, "random", draw=None)
     assert mean == "gpboost:map +0.020+/-0.022; lightgbm:map -0.060+/-0.025"
     assert bench_regions.minus_column(spreads, "spatial-block", draw=None) == "gpboost:map +0.500+/-0.100"
+
+
+def test_vieques_and_culebra_get_a_square_that_every_verb_accepts() -> None:
+    # 1,044 rows: 1.2 km squares hold out 8 blocks each at seed 0 but only 72 test rows, which
+    # check_split refused; the chooser now takes 1.5 km, whose held-out sets have 100 rows or more
+    base, _ = bench_regions.crop_dataset(bench_regions.CROPS["vieques-culebra"])
+    assert len(base) == 1_044
+    dataset = base.with_split("spatial-block", seed=0)
+    assert dataset.block_choice == "chosen" and dataset.block_m == 1_500.0
+    rows = dataset.frame["split"].value_counts()
+    assert min(rows["val"], rows["test"]) >= 100
+    with pytest.warns(UserWarning, match="only 6 test blocks"):
+        dataset.check_split()
+    refused = "leaves 8 validation blocks \\(93 rows\\) at 1.2 km squares .*; no square from"
+    with pytest.raises(InputDataError, match=refused):
+        base.with_split("spatial-block", seed=2).check_split()

@@ -264,6 +264,44 @@ def test_too_few_places_get_the_side_with_the_most_held_out_blocks(seed):
     assert choose_block_m(town, seed) == max(side for side, held in fewest.items() if held == best)
 
 
+def _usable(xy_m: np.ndarray, seed: int, block_m: float) -> bool:
+    """Whether check_usable_split accepts the split: 5 blocks and 100 rows in val and test."""
+    val, test, val_share, test_share = _held_out(xy_m, seed, block_m)
+    rows = min(val_share, test_share) * len(xy_m)
+    return min(val, test) >= MIN_HELD_OUT_BLOCKS and rows >= MIN_HELD_OUT_ROWS - 1e-6
+
+
+def test_below_2000_rows_a_usable_side_wins_over_one_that_reaches_8_blocks_with_too_few_rows():
+    # 1,000 rows: 5% is 50 rows, so 8 blocks can hold fewer rows than any verb accepts
+    town = _city(1_000, 4_000.0, 0)
+    goal_only = [side for side in BLOCK_LADDER_M if _qualifies(town, 0, side) and not _usable(town, 0, side)]
+    assert goal_only, "the case needs a side that reaches 8 blocks with under 100 rows"
+    side = choose_block_m(town, 0)
+    assert _usable(town, 0, side) and not _qualifies(town, 0, side)
+    assert not any(_usable(town, 0, larger) for larger in BLOCK_LADDER_M if larger > side)
+    labels = spatial_block_split(town, 0, side)
+    with pytest.warns(UserWarning, match="metrics from this split are noisy"):
+        check_usable_split(labels, "spatial-block", blocks=blocks_per_split(labels, block_ids(town, side)),
+                           block_m=side, chosen=True)
+
+
+def test_with_no_usable_side_the_goal_side_is_chosen_and_refused_with_what_to_change():
+    town = _city(1_000, 2_500.0, 0)
+    assert not any(_usable(town, 0, side) for side in BLOCK_LADDER_M)
+    side = choose_block_m(town, 0)
+    assert side == max(side for side in BLOCK_LADDER_M if _qualifies(town, 0, side))
+    labels = spatial_block_split(town, 0, side)
+    blocks = blocks_per_split(labels, block_ids(town, side))
+    with pytest.raises(InputDataError) as refused:
+        check_usable_split(labels, "spatial-block", blocks=blocks, block_m=side, chosen=True)
+    assert str(refused.value).endswith(
+        "; no square from 10 km down to 1 km holds out enough; use more tiles or quarters, another --seed, or "
+        "--split random")
+    with pytest.raises(InputDataError) as refused:  # the same side, given: another side may do
+        check_usable_split(labels, "spatial-block", blocks=blocks, block_m=side)
+    assert str(refused.value).endswith("; pass another --block-km (or none, and geodbk chooses one), or --split random")
+
+
 def test_a_single_place_falls_back_to_10_km_and_the_split_refuses_it():
     one = np.full((19, 2), 5_000.0)
     assert choose_block_m(one, 0) == 10_000.0

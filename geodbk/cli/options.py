@@ -124,12 +124,14 @@ def add_split_options(p: argparse.ArgumentParser, *, keep: bool = False) -> None
 
 def add_block_option(p: argparse.ArgumentParser) -> None:
     """--block-km (ingest, fit and demo)."""
-    from geodbk.dataset.splits import BLOCK_LADDER_M, GOAL_HELD_OUT_BLOCKS
+    from geodbk.dataset.splits import BLOCK_LADDER_M, GOAL_HELD_OUT_BLOCKS, MIN_HELD_OUT_BLOCKS, MIN_HELD_OUT_ROWS
 
     p.add_argument("--block-km", type=finite_float, default=None, metavar="KM",
                    help="block side of the spatial-block split, km (default: chosen from the tiles for the seed, the "
                    f"largest of {BLOCK_LADDER_M[0] / 1000:g} km down to {BLOCK_LADDER_M[-1] / 1000:g} km that holds "
-                   f"out {GOAL_HELD_OUT_BLOCKS} validation and {GOAL_HELD_OUT_BLOCKS} test blocks)")
+                   f"out {GOAL_HELD_OUT_BLOCKS} validation and {GOAL_HELD_OUT_BLOCKS} test blocks, and "
+                   f"{MIN_HELD_OUT_ROWS} rows in each; failing that, the largest that holds out {MIN_HELD_OUT_BLOCKS} "
+                   f"blocks and {MIN_HELD_OUT_ROWS} rows in each)")
 
 
 def check_split_options(args: argparse.Namespace) -> None:

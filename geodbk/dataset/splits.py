@@ -140,12 +140,25 @@ def _block_codes(ids: np.ndarray, seed: int) -> np.ndarray:
 def choose_block_m(xy_m: np.ndarray, seed: int) -> float:
     """The spatial-block side, metres, for ``(n, 2)`` points ``xy_m`` in metres split with ``seed``.
 
-    The largest side of :data:`BLOCK_LADDER_M` whose split (:func:`spatial_block_split` with this
-    ``seed``) gives val and test at least :data:`GOAL_HELD_OUT_BLOCKS` blocks and
-    :data:`GOAL_HELD_OUT_SHARE` of the rows each. If no side does, the side with the most blocks
-    in the smaller of val and test (the larger side on ties).
+    In order of preference, over :data:`BLOCK_LADDER_M` (each the largest such side):
+
+    1. a side whose split (:func:`spatial_block_split` with this ``seed``) reaches the goal, val
+       and test at least :data:`GOAL_HELD_OUT_BLOCKS` blocks and :data:`GOAL_HELD_OUT_SHARE` of
+       the rows each, and is usable (:func:`check_usable_split`: :data:`MIN_HELD_OUT_BLOCKS`
+       blocks and :data:`MIN_HELD_OUT_ROWS` rows each);
+    2. a usable side (fewer than 8 blocks somewhere: its metrics are noisy, and
+       :func:`check_usable_split` warns). Below 2,000 rows, 5% of them is under 100 rows, so a side
+       can reach the goal with too few rows to score on: 1,044 rows of Vieques and Culebra took
+       1.2 km squares with 72 test rows at seed 0, which every verb refused, while 1.5 km squares
+       held out 6 test blocks of 100 rows or more;
+    3. a side that reaches the goal;
+    4. the side with the most blocks in the smaller of val and test (the larger side on ties).
+
+    :func:`check_usable_split` refuses the last two.
     """
     xy = np.asarray(xy_m, dtype=np.float64)
+    usable_m: float | None = None
+    goal_m: float | None = None
     best_m, best_blocks = BLOCK_LADDER_M[0], -1
     for side in BLOCK_LADDER_M:
         ids = block_ids(xy, side)
@@ -154,11 +167,20 @@ def choose_block_m(xy_m: np.ndarray, seed: int) -> float:
         else:
             code = _block_codes(ids, seed)
             held_blocks = min(int(np.sum(code == 1)), int(np.sum(code == 2)))
-            rows = np.bincount(code[ids], minlength=3)
-            if held_blocks >= GOAL_HELD_OUT_BLOCKS and min(rows[1], rows[2]) >= GOAL_HELD_OUT_SHARE * len(ids):
+            held_rows = int(min(np.bincount(code[ids], minlength=3)[1:]))
+            usable = held_blocks >= MIN_HELD_OUT_BLOCKS and held_rows >= MIN_HELD_OUT_ROWS
+            goal = held_blocks >= GOAL_HELD_OUT_BLOCKS and held_rows >= GOAL_HELD_OUT_SHARE * len(ids)
+            if usable and goal:
                 return side
+            if usable and usable_m is None:
+                usable_m = side
+            if goal and goal_m is None:
+                goal_m = side
         if held_blocks > best_blocks:
             best_m, best_blocks = side, held_blocks
+    for chosen in (usable_m, goal_m):
+        if chosen is not None:
+            return chosen
     return best_m
 
 
@@ -313,16 +335,22 @@ def check_usable_split(
                  f"{MIN_HELD_OUT_ROWS} rows needed)")
         noisy = " and ".join(
             _count(blocks[s], s, "block") for s in _HELD_OUT if chosen and blocks[s] < GOAL_HELD_OUT_BLOCKS)
+        few_blocks = any(blocks[s] < MIN_HELD_OUT_BLOCKS for s in short)
     else:
         short = [s for s in _HELD_OUT if rows[s] < MIN_HELD_OUT_ROWS]
         found = " and ".join(_count(rows[s], s, "row") for s in short) + (
             f" (at least {MIN_HELD_OUT_ROWS} needed)")
-        noisy = ""
+        noisy, few_blocks = "", False
     if short:
         if SPLIT_FRACTIONS[1] * n < MIN_HELD_OUT_ROWS:  # no protocol can hold out enough rows
             advice = "use more tiles or quarters"
-        elif protocol == "spatial-block":
+        elif protocol == "spatial-block" and chosen:  # choose_block_m found no usable side
+            advice = (f"no square from {BLOCK_LADDER_M[0] / 1000:g} km down to {BLOCK_LADDER_M[-1] / 1000:g} km "
+                      "holds out enough; use more tiles or quarters, another --seed, or --split random")
+        elif protocol == "spatial-block" and few_blocks:
             advice = "pass a smaller --block-km, or --split random"
+        elif protocol == "spatial-block":
+            advice = "pass another --block-km (or none, and geodbk chooses one), or --split random"
         else:
             advice = "use more tiles or quarters, or --split random"
         raise InputDataError(f"the {protocol} split of {n:,} rows leaves {found}; {advice}")
