@@ -219,6 +219,15 @@ def test_summary_reports_quarters_splits_urban_and_target(pr_dataset):
     assert "outside_region" in text and pr_dataset.urban_route in text
 
 
+def test_summary_gives_each_protocol_its_own_shares(pr_tiles):
+    ds = build_dataset(pr_tiles, "PR", quarters="2023Q3,2023Q4", seed=0)
+    assert "random split 8:1:1 with seed 0" in ds.summary()
+    forecast = ds.with_split("forecast", seed=0)
+    rows = forecast.frame["split"].value_counts()
+    assert rows["test"] == int((forecast.frame["quarter"] == 4).sum())  # the last quarter is the test set
+    assert "; forecast split test 2023Q4, earlier rows 8:1 with seed 0" in forecast.summary().splitlines()[1]
+
+
 def test_load_sample_dataset_hawaii():
     ds = load_sample_dataset("HI", target="upload", quarters=["2023Q4"])
     assert ds.region.code == "HI" and ds.quarters == [Quarter(2023, 4)] and 1500 < len(ds) < 1700

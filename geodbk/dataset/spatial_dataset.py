@@ -214,10 +214,12 @@ class SpatialDataset:
     def summary(self) -> str:
         """Printable overview: rows per quarter and split, urban/rural per split, target stats."""
         f = self.frame
+        # the forecast split tests on the last quarter and splits the earlier rows train:val = 8:1
+        shares = f"test {self.quarters[-1]}, earlier rows 8:1" if self.split_protocol == "forecast" else "8:1:1"
         lines = [
             f"SpatialDataset: {self.region.name}, {self.target} ({self.units}), y = log10({self.target})",
             f"rows: {len(f):,} in {len(self.quarters)} quarter(s) "
-            f"{self.quarters[0]}..{self.quarters[-1]}; {self.split_protocol} split 8:1:1 with seed {self.seed}",
+            f"{self.quarters[0]}..{self.quarters[-1]}; {self.split_protocol} split {shares} with seed {self.seed}",
             *filter(None, [self.block_line()]),
             "region box (W S E N): "
             + " ".join(
