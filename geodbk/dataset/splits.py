@@ -137,6 +137,13 @@ def _block_codes(ids: np.ndarray, seed: int) -> np.ndarray:
     return code
 
 
+def _holds_out_enough(blocks: int, rows: int) -> bool:
+    """Whether a spatial-block split's held-out set of ``blocks`` blocks and ``rows`` rows can choose
+    or score a model: :data:`MIN_HELD_OUT_BLOCKS` blocks and :data:`MIN_HELD_OUT_ROWS` rows. The one
+    rule of :func:`check_usable_split` and of the sides :func:`choose_block_m` prefers."""
+    return blocks >= MIN_HELD_OUT_BLOCKS and rows >= MIN_HELD_OUT_ROWS
+
+
 def choose_block_m(xy_m: np.ndarray, seed: int) -> float:
     """The spatial-block side, metres, for ``(n, 2)`` points ``xy_m`` in metres split with ``seed``.
 
@@ -168,7 +175,7 @@ def choose_block_m(xy_m: np.ndarray, seed: int) -> float:
             code = _block_codes(ids, seed)
             held_blocks = min(int(np.sum(code == 1)), int(np.sum(code == 2)))
             held_rows = int(min(np.bincount(code[ids], minlength=3)[1:]))
-            usable = held_blocks >= MIN_HELD_OUT_BLOCKS and held_rows >= MIN_HELD_OUT_ROWS
+            usable = _holds_out_enough(held_blocks, held_rows)
             goal = held_blocks >= GOAL_HELD_OUT_BLOCKS and held_rows >= GOAL_HELD_OUT_SHARE * len(ids)
             if usable and goal:
                 return side
@@ -329,7 +336,7 @@ def check_usable_split(
     if protocol == "spatial-block":
         if blocks is None or block_m is None:
             raise InputDataError("checking a spatial-block split needs its blocks per split and block_m")
-        short = [s for s in _HELD_OUT if rows[s] < MIN_HELD_OUT_ROWS or blocks[s] < MIN_HELD_OUT_BLOCKS]
+        short = [s for s in _HELD_OUT if not _holds_out_enough(blocks[s], rows[s])]
         found = (" and ".join(f"{_count(blocks[s], s, 'block')} ({rows[s]:,} rows)" for s in short)
                  + f" at {block_m / 1000:g} km squares (at least {MIN_HELD_OUT_BLOCKS} blocks and "
                  f"{MIN_HELD_OUT_ROWS} rows needed)")
