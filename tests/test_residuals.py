@@ -934,10 +934,10 @@ def test_a_small_fit_gives_its_stored_numbers(monkeypatch):
 
 def test_the_kernel_prior_holds_a_small_validation_set_near_the_defaults(monkeypatch):
     """With 40 validation rows the search without the prior moves the log hyperparameters far
-    from the defaults; the prior (worth 30 rows) keeps them nearer, and with the 300 rows its
-    pull is smaller than with 40."""
+    from the defaults; the prior (worth 30 rows) keeps them nearer, a stronger one (the default,
+    100 rows) nearer still, and with 300 rows its pull is smaller than with 40."""
     train, val, test_var, _ = stored_fit_inputs()
-    default = LocalKernel().to_vector()
+    default, default_rows = LocalKernel().to_vector(), kernel_search.PRIOR_ROWS
 
     def distance(n_val: int, prior_rows: float) -> float:
         monkeypatch.setattr(kernel_search, "PRIOR_ROWS", prior_rows)
@@ -947,4 +947,5 @@ def test_the_kernel_prior_holds_a_small_validation_set_near_the_defaults(monkeyp
 
     free, held = distance(40, 0.0), distance(40, 30.0)
     assert held < 0.7 * free
+    assert distance(40, default_rows) < held
     assert distance(300, 0.0) - distance(300, 30.0) < free - held

@@ -178,13 +178,14 @@ class AreaTerm:
 #: criterion is a mean over rows, so the prior's share is PRIOR_ROWS / rows). With 100-300
 #: validation rows the search ran to its bounds (range 10 km on an island 30 km long, a time
 #: scale of 20 years) and the field then hurt the held-out rows. Chosen on crops of the samples
-#: (benchmarks/bench_regions.py, six crops of 1-7k rows, the validation rows held out of a fit
-#: whose own validation rows were cut from training): weight 3 / 10 / 30 / 100 moved the NLL by
-#: -0.002 / -0.008 / -0.014 / -0.012 on the random split and -0.002 / -0.002 / -0.001 / +0.004
-#: on spatial-block; the same for PR and HI (3,000 validation rows used): +0.001 to +0.003,
-#: within a seed's noise (docs/small-regions.md).
+#: (benchmarks/bench_regions.py, six crops of 1-7k rows, three draws of each split; the
+#: validation rows held out of a fit whose own validation rows were cut from training), against
+#: weight 30: 100 / 300 / 1,000 moved that NLL by 0.000 / -0.001 / -0.001 on the random split and
+#: -0.012 / -0.016 / -0.016 at held-out blocks; on PR and HI (3,000 validation rows used, one
+#: seed) 100 cost their validation NLL 0.001-0.003 and 300 0.003-0.005, so 100
+#: (docs/small-regions.md).
 PRIOR_SD = 2.0
-PRIOR_ROWS = 30.0
+PRIOR_ROWS = 100.0
 
 
 class KernelCriterion:
