@@ -42,6 +42,7 @@ from geodbk.dataset.splits import (
     choose_block_m,
     few_validation_rows_note,
     noisy_test_note,
+    split_shares,
 )
 from geodbk.dataset.targets import TARGETS, parse_targets, target_column
 from geodbk.errors import InputDataError, RegionError
@@ -214,8 +215,9 @@ class SpatialDataset:
     def summary(self) -> str:
         """Printable overview: rows per quarter and split, urban/rural per split, target stats."""
         f = self.frame
-        # the forecast split tests on the last quarter and splits the earlier rows train:val = 8:1
-        shares = f"test {self.quarters[-1]}, earlier rows 8:1" if self.split_protocol == "forecast" else "8:1:1"
+        shares = split_shares(self.split_protocol)
+        if self.split_protocol == "forecast":
+            shares = f"test {self.quarters[-1]}, earlier rows {shares}"
         lines = [
             f"SpatialDataset: {self.region.name}, {self.target} ({self.units}), y = log10({self.target})",
             f"rows: {len(f):,} in {len(self.quarters)} quarter(s) "

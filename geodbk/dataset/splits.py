@@ -137,6 +137,14 @@ def _block_codes(ids: np.ndarray, seed: int) -> np.ndarray:
     return code
 
 
+def split_shares(protocol: str) -> str:
+    """The protocol's shares as a ratio from :data:`SPLIT_FRACTIONS`: ``"8:1:1"`` (train:val:test) for
+    ``random`` and ``spatial-block``; ``"8:1"`` (train:val of the rows before the last quarter, which
+    is the test set) for ``forecast``."""
+    parts = SPLIT_FRACTIONS[:2] if protocol == "forecast" else SPLIT_FRACTIONS
+    return ":".join(f"{part / min(parts):g}" for part in parts)
+
+
 def _holds_out_enough(blocks: int, rows: int) -> bool:
     """Whether a spatial-block split's held-out set of ``blocks`` blocks and ``rows`` rows can choose
     or score a model: :data:`MIN_HELD_OUT_BLOCKS` blocks and :data:`MIN_HELD_OUT_ROWS` rows. The one
