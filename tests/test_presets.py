@@ -58,3 +58,19 @@ def test_cpu_epochs_grow_until_a_small_region_takes_500_steps(n_rows, epochs):
     assert got == epochs
     steps = math.ceil(n_rows / batch)
     assert got * steps >= CPU.min_steps and (got == CPU.epochs or (got - 1) * steps < CPU.min_steps)
+
+
+def test_fit_help_gives_the_presets_numbers():
+    """`geodbk fit --help` quotes the presets (it cannot import them: the CLI parser stays
+    torch-free), so this ties its text to them; it once said 40 epochs after the preset went to 20."""
+    from geodbk.cli import build_parser
+
+    fit = build_parser()._subparsers._group_actions[0].choices["fit"]  # type: ignore[union-attr]
+    text = " ".join(fit.format_help().split())
+    assert f"h={CPU.hidden}, r={CPU.rank}, {CPU.epochs} epochs of batch {CPU.batch_size}" in text
+    assert f"under {CPU.min_steps} steps" in text
+    assert f"the paper's h={PAPER.hidden}, r={PAPER.rank}, {PAPER.epochs} epochs" in text
+    helps = {action.dest: action.help for action in fit._actions}
+    assert helps["epochs"].startswith(f"maximum training epochs (default {CPU.epochs},")
+    assert f"(default {CPU.hidden}; {PAPER.hidden} with --paper-size)" in helps["hidden"]
+    assert f"(default {CPU.rank}; {PAPER.rank} with --paper-size)" in helps["rank"]

@@ -149,7 +149,8 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
             "paper (region-box coordinates, no time, one noise). CPU-sized defaults (the default models "
             "on the full Puerto Rico sample in minutes on 2 cores): h=64, r=128, 20 epochs of batch 1024 "
             "at lr 1e-2, the batch doubled (to at most 8192) and the lr times 1.41 while an epoch keeps 25 "
-            "steps, fewer epochs past 1.5 million rows; --paper-size: the paper's h=256, r=1024, 400 epochs, "
+            "steps, more epochs while the fit is under 500 steps (a small region), fewer past 1.5 million "
+            "rows; --paper-size: the paper's h=256, r=1024, 400 epochs, "
             "lr 1e-3 (explicit flags win)."
         ),
         epilog="example: geodbk fit --dataset outputs/demo/dataset.parquet --models dbk-rbf,knn "
@@ -175,7 +176,8 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
                    help="another Ookla layer over the region (files or URLs, e.g. its fixed-broadband tiles): "
                    "its test density and mean download speed around each place (windows in geodbk.dataset.density) "
                    "become model inputs known at every map cell (space-time protocol; default none)")
-    p.add_argument("--epochs", type=int, help="maximum training epochs (default 40; 400 with --paper-size)")
+    p.add_argument("--epochs", type=int, help="maximum training epochs (default 20, more for a region of few rows, "
+                   "fewer past 1.5 million; 400 with --paper-size)")
     p.add_argument("--hidden", type=int, help="backbone width h (default 64; 256 with --paper-size)")
     p.add_argument("--rank", type=int, help="basis rank / inducing points r (default 128; 1024 with --paper-size)")
     p.add_argument("--paper-size", action="store_true", help="the paper's h=256, r=1024, 400 epochs, lr 1e-3")
