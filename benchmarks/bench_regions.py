@@ -34,23 +34,19 @@ import ast
 import sys
 import time
 import warnings
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, replace
 
-import geopandas as gpd
 import numpy as np
 import pandas as pd
 from bench_quality import bootstrap_difference, resampling_units  # benchmarks/, beside this script
 from peers import fit_peer, missing_peers
 
-from geodbk import paths
 from geodbk.dataset.density import read_density_tiles
 from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset, sample_tiles_path
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.metrics import nll_per_row
-from geodbk.ingest.regions import Region
-from geodbk.ingest.vectorfiles import read_vector
+from geodbk.ingest.regions import Region, load_region
 from geodbk.workflow import DemoConfig
 
 
@@ -84,19 +80,11 @@ MODELS = ("dbk-rbf", "knn", "gpboost:map", "lightgbm:map")
 PEER_ROWS = ("gpboost:map", "lightgbm:map")
 
 
-@lru_cache(maxsize=1)
-def counties() -> gpd.GeoDataFrame:
-    """The shipped Census 2018 1:20M county boundaries in EPSG:4326."""
-    return read_vector(paths.COUNTY_BOUNDARIES, "county boundary").to_crs(4326)
-
-
 def crop_region(crop: Crop) -> Region:
-    """The union of the crop's county polygons as a :class:`Region` named after the crop."""
-    table = counties()
-    chosen = table[(table["STATEFP"] == STATE_FIPS[crop.state]) & table["COUNTYFP"].isin(crop.counties)]
-    if len(chosen) != len(crop.counties):
-        raise ValueError(f"{crop.name}: found {len(chosen)} of the counties {crop.counties}")
-    return Region(crop.name, chosen.geometry.union_all())
+    """The union of the crop's county polygons (:func:`~geodbk.ingest.regions.load_region` of
+    their FIPS codes joined by ``+``) as a :class:`Region` named after the crop."""
+    region = load_region("+".join(STATE_FIPS[crop.state] + county for county in crop.counties))
+    return replace(region, name=crop.name)
 
 
 def crop_dataset(crop: Crop) -> tuple[SpatialDataset, pd.DataFrame]:

@@ -134,7 +134,7 @@ def stage_conus(path: Path) -> None:
     """The contiguous US (the 48 states and DC) as one lon/lat polygon, written to ``path`` (GeoJSON)."""
     import geopandas as gpd
 
-    from geodbk.ingest.regions import state_boundaries
+    from geodbk.ingest.boundaries import state_boundaries
 
     states = state_boundaries()
     conus = states[~states["STATEFP"].isin(NOT_CONTIGUOUS)].to_crs(4326)

@@ -49,8 +49,8 @@ import shapely
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from geodbk.ingest.boundaries import state_boundaries  # noqa: E402
 from geodbk.ingest.quadkey import OOKLA_ZOOM, lonlat_to_tile, tile_bounds  # noqa: E402
-from geodbk.ingest.regions import state_boundaries  # noqa: E402
 from geodbk.quarters import parse_quarter_label  # noqa: E402
 
 #: Rows per Parquet row group (and per block of strings built at once).

@@ -40,7 +40,8 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--year", type=int, help="download Ookla's global file of this year ...")
     src.add_argument("--quarter", type=int, choices=(1, 2, 3, 4), help="... and quarter")
     p.add_argument("--region", default="PR",
-                   help="state name, USPS code or FIPS code, or a polygon file (default PR)")
+                   help="state (name, USPS code or FIPS code), counties ('Kauai, HI', FIPS '15007'; "
+                   "several joined by '+': 'Vieques, PR+Culebra, PR'), or a polygon file (default PR)")
     p.add_argument("--target", default="download", metavar="TARGET[,TARGET]",
                    help="download (default), upload or latency, or download,upload: both speeds of each tile, "
                    "so that `geodbk fit` writes one model of the pair and P(meets a download/upload benchmark)")

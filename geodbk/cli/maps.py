@@ -51,7 +51,8 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, metavar="PATH", help="fitted model file, e.g. RUN/models/dbk-rbf.pt")
     p.add_argument("--out", required=True, metavar="PATH", help="output grid: *.nc (NetCDF-4) or *.zarr (Zarr store)")
     p.add_argument("--region",
-                   help="state name, USPS code or polygon file (default: the region the model was fitted on)")
+                   help="state, counties ('Kauai, HI', '15007', joined by '+') or polygon file "
+                   "(default: the region the model was fitted on)")
     p.add_argument("--resolution", default="0.01",
                    help="cell side: a number in CRS units (degrees for EPSG:4326), or with a unit: "
                    "0.01deg, 500m, 2km (default 0.01 degrees, about 1.1 km)")

@@ -1,7 +1,8 @@
 """Study regions: a named EPSG:4326 polygon, and clipping tiles to it.
 
-A region is given as a U.S. state (name, USPS abbreviation or 2-digit FIPS code, looked up
-in the shipped 2018 Census 1:20M state boundaries) or as a polygon file (GeoJSON, shapefile or
+A region is given as a U.S. state (name, USPS abbreviation or 2-digit FIPS code), as
+counties (``"Kauai, HI"``, ``"15007"``, several joined by ``+``), both looked up in the shipped
+2018 Census 1:20M boundaries (:mod:`geodbk.ingest.boundaries`), or as a polygon file (GeoJSON, shapefile or
 zipped shapefile, GeoPackage, GeoParquet; read by :mod:`geodbk.ingest.vectorfiles`). A tile
 belongs to the region when its centre lies inside the region polygon grown by ``buffer_deg``
 degrees.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import geopandas as gpd
@@ -26,8 +26,8 @@ import pandas as pd
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from geodbk import paths
 from geodbk.errors import InputDataError, RegionError
+from geodbk.ingest.boundaries import counties_named, is_county_spec, lookup_counties, lookup_state
 from geodbk.ingest.sources import local_path
 from geodbk.ingest.vectorfiles import read_vector
 
@@ -42,7 +42,8 @@ class Region:
     Attributes:
         name: human-readable name, e.g. ``"Puerto Rico"``.
         geometry: (multi)polygon in EPSG:4326 degrees.
-        code: USPS abbreviation for a U.S. state (``"PR"``), else ``None``.
+        code: USPS abbreviation of the U.S. state that the region is or lies in (``"PR"``;
+            a state, or counties of one state), else ``None``.
     """
 
     name: str
@@ -60,13 +61,6 @@ class Region:
         if buffer_deg < 0:
             raise RegionError(f"buffer_deg must be >= 0, got {buffer_deg}")
         return self.geometry if buffer_deg == 0 else self.geometry.buffer(buffer_deg)
-
-
-@lru_cache(maxsize=1)
-def state_boundaries() -> gpd.GeoDataFrame:
-    """The shipped Census 2018 1:20M state boundaries, reprojected to EPSG:4326."""
-    states = read_vector(paths.STATE_BOUNDARIES, "state boundary")
-    return states.to_crs(4326)
 
 
 def read_polygons(
@@ -106,28 +100,21 @@ def read_polygons(
     return frame if keep_crs else frame.to_crs(4326)
 
 
-def _lookup_state(key: str) -> pd.Series | None:
-    states = state_boundaries()
-    k = key.strip()
-    match = (
-        (states["NAME"].str.casefold() == k.casefold())
-        | (states["STUSPS"].str.upper() == k.upper())
-        | (states["STATEFP"] == (k.zfill(2) if k.isdigit() else k))
-    )
-    if not match.any():
-        return None
-    return states[match].iloc[0]
-
-
 def load_region(spec: str | Path | Region | int) -> Region:
-    """Resolve a region from a state name / USPS abbreviation / FIPS code or a polygon file.
+    """Resolve a region from a state, counties or a polygon file.
 
     Args:
-        spec: ``"Puerto Rico"``, ``"PR"``, ``"72"`` (or ``72``), a path to a polygon file,
-            or a :class:`Region` (returned unchanged).
+        spec: a state (``"Puerto Rico"``, ``"PR"``, ``"72"`` or ``72``); counties
+            (``"Kauai, HI"``, ``"15007"``, ``"Vieques, PR+Culebra, PR"``: see
+            :mod:`geodbk.ingest.boundaries`); a path to a polygon file; or a :class:`Region`
+            (returned unchanged).
+
+    Returns:
+        The region. Its ``code`` is the USPS code of the state that a state or counties of one
+        state lie in, else ``None``.
 
     Raises:
-        RegionError: ``spec`` is neither a known state nor an existing file.
+        RegionError: ``spec`` is none of these, or names an unknown or ambiguous county.
         InputDataError: the polygon file is unreadable, empty or has no CRS.
     """
     if isinstance(spec, Region):
@@ -135,16 +122,21 @@ def load_region(spec: str | Path | Region | int) -> Region:
     if isinstance(spec, int):
         spec = f"{spec:02d}"
     if isinstance(spec, str) and not Path(spec).suffix:
-        state = _lookup_state(spec)
+        state = lookup_state(spec)
         if state is not None:
             return Region(str(state["NAME"]), shapely.make_valid(state.geometry), str(state["STUSPS"]))
     path = Path(spec)
     if path.suffix and path.exists():
         polygons = read_polygons(path)
         return Region(path.stem, shapely.make_valid(polygons.geometry.union_all()))
+    if isinstance(spec, str) and is_county_spec(spec):
+        name, counties, usps = lookup_counties(spec)
+        return Region(name, shapely.make_valid(counties.geometry.union_all()), usps or None)
+    named = counties_named(spec) if isinstance(spec, str) else []
+    hint = f"; a county? say {' or '.join(repr(label) for label in named)}" if named else ""
     raise RegionError(
         f"unknown region {str(spec)!r}: not a U.S. state name, USPS abbreviation or FIPS "
-        "code, nor an existing polygon file"
+        f"code, counties ('Kauai, HI', '15007', joined by '+'), nor an existing polygon file{hint}"
     )
 
 
