@@ -62,7 +62,10 @@ def test_ingest_of_a_county_clips_the_states_shipped_sample(tmp_path, capsys):
     assert sample_tiles_path("Kauai, HI") == paths.HAWAII_MOBILE
     out = tmp_path / "kauai.parquet"
     assert main(["ingest", "--region", "Kauai, HI", "--quarters", "2023Q4", "--out", str(out)]) == 0
-    assert capsys.readouterr().out.startswith("SpatialDataset: Kauai County, HI, download (Mbps)")
+    printed = capsys.readouterr().out
+    assert printed.startswith("SpatialDataset: Kauai County, HI, download (Mbps)")
+    # Kauai's county urban share is above one half, so every tile is urban: the summary says so and why
+    assert "no rural rows: the rural metrics will be empty (the county-share route tags whole counties" in printed
     dataset = SpatialDataset.load(out)
     assert dataset.region.name == "Kauai County, HI" and len(dataset.frame) > 100
     inside = shapely.contains_xy(load_region("Kauai, HI").buffered(0.01), dataset.frame["lon"], dataset.frame["lat"])

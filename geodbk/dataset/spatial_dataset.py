@@ -52,7 +52,7 @@ from geodbk.ingest.ookla import as_tiles
 from geodbk.ingest.quadkey import quadkey_centres
 from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region, clip_to_region, load_region
 from geodbk.ingest.scan import check_selection, scan_tiles, select_rows
-from geodbk.ingest.urbanrural import tag_urban_rural
+from geodbk.ingest.urbanrural import ROUTE_COUNTY_SHARE, tag_urban_rural
 from geodbk.quarters import Quarter
 
 #: The columns of every dataset file (:func:`build_dataset`; a further target adds ``value_<target>``
@@ -242,6 +242,11 @@ class SpatialDataset:
         ur["urban %"] = (100.0 * ur["urban"] / ur.sum(axis=1).where(lambda s: s > 0)).round(1)
         ur.index.name, ur.columns.name = "split", None
         lines += ["", "urban/rural rows per split:", ur.to_string()]
+        empty = [kind for kind in ("urban", "rural") if len(f) and ur[kind].sum() == 0]
+        if empty:
+            hint = (" (the county-share route tags whole counties; --urban-areas with the Census 2020 Urban "
+                    "Area polygons tags each tile)" if self.urban_route.startswith(ROUTE_COUNTY_SHARE) else "")
+            lines.append(f"no {empty[0]} rows: the {empty[0]} metrics will be empty{hint}")
         groups = f.groupby("split", observed=True)
         stats = pd.DataFrame(
             {
