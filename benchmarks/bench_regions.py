@@ -19,12 +19,17 @@ seed 0; all runs before its fifth fitted every draw with model seed 0.)
 Choices are made on validation data (``--eval val``); reports use the test split
 (``--eval test``, the default). Model keyword arguments for ablations go through ``--set``
 (``--set coordinate_jitter_m=1000``), as :func:`geodbk.fit.fitting.fit_dataset` takes them.
+``--region`` runs the same comparison and checks on any other region (counties, a state or a
+polygon file), with ``--tiles`` and ``--density`` where the shipped samples do not cover it: the
+way to check the defaults on regions that were not tuned on.
 
 Usage::
 
     .venv/bin/python benchmarks/bench_regions.py                             # every region, test split
     .venv/bin/python benchmarks/bench_regions.py --regions kauai,ponce --eval val --models dbk-rbf,knn
     .venv/bin/python benchmarks/bench_regions.py --eval val --models dbk-rbf --set coordinate_jitter_m=1000
+    .venv/bin/python benchmarks/bench_regions.py --region "Hawaii, HI" --draws 1      # any region
+    .venv/bin/python benchmarks/bench_regions.py --region "Boone, MO" --tiles mo.parquet --density mo_fixed.parquet
 """
 
 from __future__ import annotations
@@ -52,11 +57,14 @@ from geodbk.workflow import DemoConfig
 
 @dataclass(frozen=True)
 class Crop:
-    """A small region: counties (FIPS) of one shipped sample's state."""
+    """A region to benchmark on: a name, the region (any :func:`~geodbk.ingest.regions.load_region`
+    spec: counties joined by ``+``, a state, a polygon file), its mobile tiles and its density
+    layer (``None``: the shipped samples of the region's state, Puerto Rico or Hawaii)."""
 
     name: str
-    state: str  # USPS code of the shipped sample: "PR" or "HI"
-    counties: tuple[str, ...]  # three-digit county FIPS codes
+    region: str
+    tiles: str | None = None
+    density: str | None = None
 
 
 #: Hawaii's islands (its counties; Maui County holds Maui, Molokai and Lanai) and Puerto
@@ -64,34 +72,33 @@ class Crop:
 CROPS = {
     crop.name: crop
     for crop in (
-        Crop("kauai", "HI", ("007",)),
-        Crop("maui", "HI", ("009",)),
-        Crop("big-island", "HI", ("001",)),
-        Crop("oahu", "HI", ("003",)),
+        Crop("kauai", "15007"),
+        Crop("maui", "15009"),
+        Crop("big-island", "15001"),
+        Crop("oahu", "15003"),
         # San Juan, Bayamon, Carolina, Guaynabo, Catano, Trujillo Alto, Toa Baja
-        Crop("san-juan", "PR", ("127", "021", "031", "061", "033", "139", "137")),
-        Crop("ponce", "PR", ("113", "075")),  # Ponce, Juana Diaz
-        Crop("mayaguez", "PR", ("097", "067", "011")),  # Mayaguez, Hormigueros, Anasco
-        Crop("vieques-culebra", "PR", ("147", "049")),
+        Crop("san-juan", "72127+72021+72031+72061+72033+72139+72137"),
+        Crop("ponce", "72113+72075"),  # Ponce, Juana Diaz
+        Crop("mayaguez", "72097+72067+72011"),  # Mayaguez, Hormigueros, Anasco
+        Crop("vieques-culebra", "72147+72049"),
     )
 }
-STATE_FIPS = {"PR": "72", "HI": "15"}
 MODELS = ("dbk-rbf", "knn", "gpboost:map", "lightgbm:map")
 PEER_ROWS = ("gpboost:map", "lightgbm:map")
 
 
 def crop_region(crop: Crop) -> Region:
-    """The union of the crop's county polygons (:func:`~geodbk.ingest.regions.load_region` of
-    their FIPS codes joined by ``+``) as a :class:`Region` named after the crop."""
-    region = load_region("+".join(STATE_FIPS[crop.state] + county for county in crop.counties))
-    return replace(region, name=crop.name)
+    """The crop's region (:func:`~geodbk.ingest.regions.load_region`), named after the crop."""
+    return replace(load_region(crop.region), name=crop.name)
 
 
 def crop_dataset(crop: Crop) -> tuple[SpatialDataset, pd.DataFrame]:
-    """The crop's mobile download dataset (random split) and its fixed-broadband density tiles."""
+    """The crop's mobile download dataset (random split) and its density tiles (by default the
+    region's shipped fixed-broadband tiles)."""
     region = crop_region(crop)
-    dataset = build_dataset(sample_tiles_path(crop.state, "mobile"), region, target="download")
-    density = read_density_tiles(sample_tiles_path(crop.state, "fixed"), region, buffer_deg=dataset.buffer_deg)
+    dataset = build_dataset(crop.tiles or sample_tiles_path(region, "mobile"), region, target="download")
+    density = read_density_tiles(crop.density or sample_tiles_path(region, "fixed"), region,
+                                 buffer_deg=dataset.buffer_deg)
     return dataset, density
 
 
@@ -194,6 +201,11 @@ def parse_settings(pairs: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--regions", default=",".join(CROPS), help=f"any of {', '.join(CROPS)}")
+    parser.add_argument("--region", metavar="SPEC",
+                        help="benchmark this region instead (counties such as 'Boone, MO', a state or a polygon file; "
+                        "with --tiles and --density outside Puerto Rico and Hawaii)")
+    parser.add_argument("--tiles", help="the region's Ookla mobile tile file (default: the shipped sample)")
+    parser.add_argument("--density", help="its density layer, e.g. the fixed tiles (default: the shipped sample)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--draws", type=int, default=3, help="draws of each split (split and model seeds 0, 1, ...)")
     parser.add_argument("--eval", choices=("val", "test"), default="test")
@@ -207,13 +219,16 @@ def main(argv: list[str] | None = None) -> int:
         print("peers left out (pip install -e .[bench]): " + "; ".join(f"{n} ({w})" for n, w in missing.items()))
         models = [m for m in models if m.split(":", 1)[0] not in missing]
     settings = parse_settings(args.set)
-    print(f"NLL of a new measurement on the {args.eval} split; density layer: the shipped fixed tiles; "
+    layer = args.density or "the shipped fixed tiles"
+    print(f"NLL of a new measurement on the {args.eval} split; density layer: {layer}; "
           f"dbk-rbf settings: {settings or 'defaults'}")
     failed = 0
     all_checks = []
-    for name in (r.strip() for r in args.regions.split(",") if r.strip()):
-        table, checks = region_table(CROPS[name], models, args.draws, args.eval, args.block_km, settings)
-        print(f"\n## {name}\n")
+    crops = ([Crop(args.region, args.region, args.tiles, args.density)] if args.region
+             else [CROPS[name] for name in (r.strip() for r in args.regions.split(",") if r.strip())])
+    for crop in crops:
+        table, checks = region_table(crop, models, args.draws, args.eval, args.block_km, settings)
+        print(f"\n## {crop.name}\n")
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         all_checks += checks
     print()

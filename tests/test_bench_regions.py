@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from geodbk import paths
 from geodbk.errors import InputDataError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -53,3 +54,19 @@ def test_vieques_and_culebra_get_a_square_that_every_verb_accepts() -> None:
     refused = "leaves 8 validation blocks \\(93 rows\\) at 1.2 km squares .*; no square from"
     with pytest.raises(InputDataError, match=refused):
         base.with_split("spatial-block", seed=2).check_split()
+
+
+def test_any_region_runs_with_its_own_tiles_and_density_layer(capsys) -> None:
+    """--region with --tiles and --density: the comparison on a region that was not tuned on (here
+    Culebra alone, given the files the shipped defaults would pick, so both routes must agree)."""
+    mobile, fixed = str(paths.PUERTO_RICO_MOBILE), str(paths.PUERTO_RICO_FIXED)
+    given = bench_regions.Crop("Culebra, PR", "Culebra, PR", mobile, fixed)
+    (dataset, density), (default, default_density) = (bench_regions.crop_dataset(c) for c in
+                                                        (given, bench_regions.Crop("culebra", "72049")))
+    assert dataset.region.name == "Culebra, PR" and len(dataset) == len(default) > 50
+    np.testing.assert_array_equal(dataset.frame["y"].to_numpy(), default.frame["y"].to_numpy())
+    assert density.equals(default_density)
+    code = bench_regions.main(["--region", "Culebra, PR", "--tiles", mobile, "--density", fixed,
+                               "--models", "knn", "--draws", "1"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "## Culebra, PR" in printed and f"density layer: {paths.PUERTO_RICO_FIXED}" in printed
