@@ -72,3 +72,12 @@ def test_ingest_of_a_county_clips_the_states_shipped_sample(tmp_path, capsys):
     assert inside.all()
     assert main(["ingest", "--region", "Kauia, HI", "--out", str(tmp_path / "no.parquet")]) == 2
     assert "closest: Kauai County, HI" in capsys.readouterr().err and not (tmp_path / "no.parquet").exists()
+
+
+def test_ingest_outside_the_samples_says_how_to_give_tiles(tmp_path, capsys):
+    assert main(["ingest", "--region", "Boone, MO", "--out", str(tmp_path / "boone.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "not 'Boone County, MO'; give its tiles: --tiles FILE_OR_URL" in err and err.count("\n") == 1
+    assert main(["ingest", "--region", "Boon, MO"]) == 2  # a misspelt county is refused as such, with no tile hint
+    err = capsys.readouterr().err
+    assert "closest: Boone County, MO" in err and "--tiles" not in err

@@ -66,9 +66,10 @@ def _run_ingest(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from geodbk.dataset.spatial_dataset import sample_tiles_path
-    from geodbk.errors import InputDataError
+    from geodbk.errors import InputDataError, RegionError
     from geodbk.fileio import check_output
     from geodbk.ingest.ookla import ookla_url
+    from geodbk.ingest.regions import load_region
     from geodbk.ingest.sources import download_limits
 
     check_split_options(args)
@@ -85,7 +86,11 @@ def _run_ingest(args: argparse.Namespace) -> int:
             raise InputDataError("downloading Ookla's file needs --service, --year and --quarter")
         tiles = [ookla_url(args.service, args.year, args.quarter)]
     else:
-        tiles = [sample_tiles_path(args.region)]
+        region = load_region(args.region)  # an unknown region is refused as such first
+        try:
+            tiles = [sample_tiles_path(region)]
+        except RegionError as err:  # a region outside the samples: say how to give its tiles
+            raise RegionError(f"{err}; give its tiles: --tiles FILE_OR_URL, or --service, --year, --quarter") from err
     if args.out:  # before any download or reading: the output may not replace a folder or an input
         check_output(args.out, name="--out", inputs=[path for path in tiles if Path(path).exists()])
     max_bytes = None if args.max_download_mb is None else int(args.max_download_mb * 1e6)

@@ -572,9 +572,10 @@ def sample_tiles_path(region: str | Region, service: str = "mobile") -> Path:
     """The shipped ``service`` (``"mobile"`` or ``"fixed"``) tile file of Puerto Rico or Hawaii."""
     if service not in SERVICES:
         raise InputDataError(f"service must be one of {SERVICES}, got {service!r}")
-    path = SAMPLE_TILES.get((str(load_region(region).code), service))
+    resolved = load_region(region)
+    path = SAMPLE_TILES.get((str(resolved.code), service))
     if path is None:
-        raise RegionError(f"the shipped sample covers Puerto Rico (PR) and Hawaii (HI) only, not {region!r}")
+        raise RegionError(f"the shipped sample covers Puerto Rico (PR) and Hawaii (HI) only, not {resolved.name!r}")
     return path
 
 
