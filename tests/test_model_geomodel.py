@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from geodbk import paths
 from geodbk.dataset.protocols import SPACE_TIME
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.errors import InputDataError
@@ -131,6 +132,8 @@ def test_cli_fit_writes_models_and_merged_metrics(tmp_path, small_dataset, capsy
     assert main(["fit", *common, "--models", "dbk-rbf,sv-rbf"]) == 0
     printed = capsys.readouterr().out
     assert "urban" in printed and "sv-rbf" in printed
+    assert f"note: no density layer; the README's tables fit PR with its shipped fixed-broadband tiles " \
+        f"(--density-tiles {paths.PUERTO_RICO_FIXED})" in printed
     for kind in ("dbk-rbf", "sv-rbf"):
         assert GeoModel.load(run / "models" / f"{kind}.pt").kind == kind
     assert (run / "dataset.parquet").exists() and (run / "metrics.json").exists()

@@ -314,7 +314,7 @@ def test_cli_fit_then_predict_warns_and_rejects_bad_quarters(small_pr_file, tmp_
                "--density-tiles", str(paths.PUERTO_RICO_FIXED)])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "spatial-block split" in out
+    assert "spatial-block split" in out and "no density layer" not in out
     assert SpatialDataset.load(run / "dataset.parquet").split_protocol == "spatial-block"
     table = pd.read_csv(run / "metrics.csv")
     assert set(table["model"]) == {"dbk-rbf", "knn"}
