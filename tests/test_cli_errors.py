@@ -133,3 +133,26 @@ def test_console_entry_and_module_print_one_line(files) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "geodbk predict: error:" in proc.stderr
+
+
+def test_a_warning_is_printed_once_per_run_even_when_filters_change_between(monkeypatch, capsys):
+    """The demo warned the same line four times: each step that changes warning filters resets
+    Python's record of what it has shown. The CLI now prints each distinct warning line once."""
+    import warnings
+
+    import geodbk.cli.data as data
+    from geodbk.cli import main
+
+    def handler(args):
+        for _ in range(3):
+            warnings.warn("48 of 8328 point(s) lie outside the fitted extent", UserWarning, stacklevel=1)
+            with warnings.catch_warnings():  # as a step that silences something else does
+                warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(data, "_run_ingest", handler)
+    assert main(["ingest"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["geodbk ingest: warning: 48 of 8328 point(s) lie outside the fitted extent",
+                     "geodbk ingest: warning: another warning"]

@@ -71,10 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     after one ``error:`` line on stderr 2 (bad input, system refusals, resource limits), 130
     (Ctrl-C), 143 (SIGTERM) or 1 (a bug); see :mod:`geodbk.cli.failures`."""
     args = build_parser().parse_args(argv)
+    printed: set[str] = set()
 
     def print_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
                       line: Any = None) -> None:
-        print(f"geodbk {args.command}: warning: {one_line(str(message))}", file=sys.stderr)
+        text = f"geodbk {args.command}: warning: {one_line(str(message))}"
+        if text not in printed:  # once per run: a filter change inside a step resets Python's own record
+            printed.add(text)
+            print(text, file=sys.stderr)
 
     try:
         with warnings.catch_warnings(), sigterm_as_exception(), overwrite_allowed(getattr(args, "overwrite", False)):
