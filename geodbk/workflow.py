@@ -66,7 +66,8 @@ class DemoConfig:
     """Settings of :func:`run_demo`.
 
     Attributes:
-        region: shipped sample region, ``"PR"`` (Puerto Rico) or ``"HI"`` (Hawaii).
+        region: shipped sample region, ``"PR"`` (Puerto Rico) or ``"HI"`` (Hawaii), or counties
+            of them (``"Kauai, HI"``, ``"15007"``, joined by ``+``; :func:`~geodbk.ingest.regions.load_region`).
         target: ``"download,upload"`` (both speeds, the default), ``"download"`` / ``"upload"``
             (Mbps) or ``"latency"`` (ms).
         pair_models: the kinds fitted on every target of a two-target dataset (one model of both

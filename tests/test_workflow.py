@@ -9,7 +9,7 @@ import pytest
 import rasterio
 
 from geodbk.dataset.spatial_dataset import SpatialDataset
-from geodbk.errors import InputDataError
+from geodbk.errors import InputDataError, RegionError
 from geodbk.io.geotiff import GEOTIFF_NODATA
 from geodbk.fit.geomodel import GeoModel
 from geodbk.maps.geometry import RegularGrid
@@ -163,3 +163,22 @@ def test_demo_with_a_kernel_free_kind_maps_without_kernel_or_change_layers(tmp_p
     assert not {"change", "change_sd", "p_increase"} & set(ds.data_vars)
     with rasterio.open(run.map_geotiff("dnn")) as src:
         assert not any("kernel" in (d or "") for d in src.descriptions)
+
+
+def test_demo_of_counties_maps_them_and_refuses_a_region_outside_the_samples(tmp_path) -> None:
+    """``geodbk demo --region "Vieques, PR+Culebra, PR"``: the demo on counties of a shipped sample,
+    with their fixed tiles as its density layer; a region the samples do not cover is one line."""
+    config = DemoConfig(region="Vieques, PR+Culebra, PR", models=("knn",), resolution=0.02, progress=False,
+                        device="cpu")
+    lines: list[str] = []
+    result = run_demo(tmp_path / "vieques", config, echo=lines.append)
+    assert lines[0].startswith("SpatialDataset: Vieques Municipio, PR + Culebra Municipio, PR, download (Mbps)")
+    dataset = SpatialDataset.load(result.run.dataset)
+    assert len(dataset.frame) == 1_044 and dataset.region.code == "PR"  # bench_regions' vieques-culebra crop
+    grid = open_grid(result.run.map_netcdf("knn")).load()
+    west, south, east, north = dataset.region.bounds
+    assert west - 0.02 <= float(grid["x"].min()) and float(grid["x"].max()) <= east + 0.02
+    assert south - 0.02 <= float(grid["y"].min()) and float(grid["y"].max()) <= north + 0.02
+    with pytest.raises(RegionError, match="and Hawaii \\(HI\\) only, not 'Boone County, MO'"):
+        run_demo(tmp_path / "boone", DemoConfig(region="Boone, MO", models=("knn",), progress=False))
+    assert not (tmp_path / "boone" / "dataset.parquet").exists()

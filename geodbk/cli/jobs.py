@@ -103,7 +103,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--out", default="outputs/demo", metavar="DIR", help="run folder to write (default outputs/demo)")
-    p.add_argument("--region", choices=("PR", "HI"), help="shipped sample region (default PR)")
+    p.add_argument("--region", help="shipped sample region: PR, HI, or counties of them ('Kauai, HI', FIPS '15007', "
+                   "joined by '+') (default PR)")
     p.add_argument("--target", choices=("download,upload", "download", "upload", "latency"),
                    help="speed-test measure (default download,upload). With both speeds, dbk-rbf models them "
                    "together and maps P(meets the FCC 35/3 pair); the other kinds model download")
