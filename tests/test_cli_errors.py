@@ -68,7 +68,10 @@ BAD = {
     "demo bad change": (lambda f: ["demo", "--out", str(f / "demo"), "--change", "2023Q4"], "--change"),
     "demo bad change quarter": (lambda f: ["demo", "--out", str(f / "demo"), "--change", "2022Q4:2023Q7"], "2023Q7"),
     "demo unknown crs": (lambda f: ["demo", "--out", str(f / "demo"), "--crs", "EPSG:999999"], "CRS"),
-    "demo unknown region": (lambda f: ["demo", "--out", str(f / "demo"), "--region", "TX"], "--region"),
+    "demo unknown region": (lambda f: ["demo", "--out", str(f / "demo"), "--region", "TX"],
+                            "covers Puerto Rico (PR) and Hawaii (HI) only, not 'Texas'"),
+    "demo misspelt county": (lambda f: ["demo", "--out", str(f / "demo"), "--region", "Kauia, HI"],
+                             "closest: Kauai County, HI"),
     "demo negative threshold": (lambda f: ["demo", "--out", str(f / "demo"), "--threshold", "-5"], "--threshold"),
     # files that are missing or are not what they should be
     "fit missing dataset": (lambda f: ["fit", "--dataset", str(f / "none.parquet"), "--out", str(f / "run")],
