@@ -79,6 +79,7 @@ def _run_ingest(args: argparse.Namespace) -> int:
             raise InputDataError(f"--{flag.replace('_', '-')} must be positive, got {value}")
     if args.tiles and (args.year or args.quarter):
         raise InputDataError("give either --tiles or --year/--quarter, not both")
+    region = load_region(args.region)  # once, and before any download: an unknown region is refused as such
     if args.tiles:
         tiles = args.tiles
     elif args.year or args.quarter:
@@ -86,7 +87,6 @@ def _run_ingest(args: argparse.Namespace) -> int:
             raise InputDataError("downloading Ookla's file needs --service, --year and --quarter")
         tiles = [ookla_url(args.service, args.year, args.quarter)]
     else:
-        region = load_region(args.region)  # an unknown region is refused as such first
         try:
             tiles = [sample_tiles_path(region)]
         except RegionError as err:  # a region outside the samples: say how to give its tiles
@@ -95,7 +95,7 @@ def _run_ingest(args: argparse.Namespace) -> int:
         check_output(args.out, name="--out", inputs=[path for path in tiles if Path(path).exists()])
     max_bytes = None if args.max_download_mb is None else int(args.max_download_mb * 1e6)
     with download_limits(max_bytes, args.download_deadline):
-        dataset = _build(args, tiles)
+        dataset = _build(args, region, tiles)
     _check_ingested_split(dataset, asked=args.split is not None)
     print(dataset.summary())
     if args.out:
@@ -118,14 +118,15 @@ def _check_ingested_split(dataset: Any, *, asked: bool) -> None:
         warnings.warn(f"geodbk fit will refuse this dataset's split: {err}", UserWarning, stacklevel=2)
 
 
-def _build(args: argparse.Namespace, tiles: list[str]) -> Any:
-    """The dataset of ``geodbk ingest``'s options from ``tiles`` (paths or URLs)."""
+def _build(args: argparse.Namespace, region: Any, tiles: list[str]) -> Any:
+    """The dataset of ``geodbk ingest``'s options over ``region`` (a resolved
+    :class:`~geodbk.ingest.regions.Region`) from ``tiles`` (paths or URLs)."""
     from geodbk.dataset.spatial_dataset import build_dataset
     from geodbk.ingest.regions import DEFAULT_BUFFER_DEG
 
     return build_dataset(
         tiles if len(tiles) > 1 else tiles[0],
-        args.region,
+        region,
         target=args.target,
         quarters=args.quarters,
         seed=args.seed,
