@@ -74,10 +74,15 @@ def _folded(text: str) -> str:
     return " ".join(plain.casefold().split())
 
 
+def _is_county_fips(text: str) -> bool:
+    """Whether ``text`` is written as a county's 5-digit FIPS code (state 2 digits, county 3)."""
+    return len(text) == 5 and text.isdigit()
+
+
 def is_county_spec(spec: str) -> bool:
     """Whether ``spec`` is written as counties: a 5-digit FIPS code, ``NAME, STATE``, or several joined by ``+``."""
     text = spec.strip()
-    return COUNTY_JOIN in text or "," in text or (len(text) == 5 and text.isdigit())
+    return COUNTY_JOIN in text or "," in text or _is_county_fips(text)
 
 
 def county_label(county: pd.Series, usps: str) -> str:
@@ -101,22 +106,16 @@ def lookup_counties(spec: str) -> tuple[str, gpd.GeoDataFrame, str]:
         RegionError: a county that is unknown or ambiguous, with the closest names.
     """
     table = county_boundaries()
-    usps_of = {}
-    picked = []
-    for part in spec.split(COUNTY_JOIN):
-        row = _one_county(part.strip(), table)
-        usps_of[row["GEOID"]] = _usps(str(row["STATEFP"]))
-        picked.append(row)
-    chosen = pd.DataFrame(picked).drop_duplicates("GEOID")
-    states = set(usps_of.values())
-    labels = " + ".join(county_label(row, usps_of[row["GEOID"]]) for _, row in chosen.iterrows())
-    usps = states.pop() if len(states) == 1 else ""
-    return labels, gpd.GeoDataFrame(chosen, geometry="geometry", crs=table.crs), usps
+    chosen = pd.DataFrame([_one_county(part.strip(), table) for part in spec.split(COUNTY_JOIN)])
+    chosen = chosen.drop_duplicates("GEOID")
+    usps = [_usps(str(statefp)) for statefp in chosen["STATEFP"]]
+    labels = " + ".join(county_label(row, code) for (_, row), code in zip(chosen.iterrows(), usps, strict=True))
+    return labels, gpd.GeoDataFrame(chosen, geometry="geometry", crs=table.crs), usps[0] if len(set(usps)) == 1 else ""
 
 
 def _one_county(part: str, table: gpd.GeoDataFrame) -> pd.Series:
     """The row of one county: a FIPS code or ``"NAME[ KIND], STATE"``."""
-    if len(part) == 5 and part.isdigit():
+    if _is_county_fips(part):
         match = table[table["GEOID"] == part]
         if match.empty:
             raise RegionError(f"unknown county FIPS code {part!r} (the 2018 Census county boundaries have none)")
