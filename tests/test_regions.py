@@ -25,9 +25,17 @@ def test_hawaii_and_fips_with_leading_zero():
     assert load_region(load_region("HI")) is not None
 
 
-@pytest.mark.parametrize("spec", ["Puerto Ricoo", "XX", "99", "no_such_file.geojson"])
+@pytest.mark.parametrize("spec", ["Puerto Ricoo", "XX", "99"])
 def test_unknown_region_is_refused(spec):
     with pytest.raises(RegionError, match="unknown region"):
+        load_region(spec)
+
+
+@pytest.mark.parametrize("spec", ["no_such_file.geojson", "areas/Kauai, HI.GPKG", "/no/such, dir/box.shp"])
+def test_missing_polygon_file_is_named(spec):
+    """A polygon file's path that does not exist says so, even with a comma in it (which would
+    otherwise read as 'NAME, STATE' counties)."""
+    with pytest.raises(RegionError, match=r"^region file .* not found$"):
         load_region(spec)
 
 

@@ -28,6 +28,7 @@ from shapely.geometry.base import BaseGeometry
 
 from geodbk.errors import InputDataError, RegionError
 from geodbk.ingest.boundaries import counties_named, is_county_spec, lookup_counties, lookup_state
+from geodbk.ingest.formats import FORMATS
 from geodbk.ingest.sources import local_path
 from geodbk.ingest.vectorfiles import read_vector
 
@@ -114,7 +115,8 @@ def load_region(spec: str | Path | Region | int) -> Region:
         state lie in, else ``None``.
 
     Raises:
-        RegionError: ``spec`` is none of these, or names an unknown or ambiguous county.
+        RegionError: ``spec`` is none of these, names an unknown or ambiguous county, or is a
+            polygon file's path (a suffix of :data:`~geodbk.ingest.formats.FORMATS`) that does not exist.
         InputDataError: the polygon file is unreadable, empty or has no CRS.
     """
     if isinstance(spec, Region):
@@ -129,6 +131,8 @@ def load_region(spec: str | Path | Region | int) -> Region:
     if path.suffix and path.exists():
         polygons = read_polygons(path)
         return Region(path.stem, shapely.make_valid(polygons.geometry.union_all()))
+    if path.suffix.lower() in FORMATS:
+        raise RegionError(f"region file {str(spec)!r} not found")
     if isinstance(spec, str) and is_county_spec(spec):
         name, counties, usps = lookup_counties(spec)
         return Region(name, shapely.make_valid(counties.geometry.union_all()), usps or None)
