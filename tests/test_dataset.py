@@ -219,6 +219,15 @@ def test_summary_reports_quarters_splits_urban_and_target(pr_dataset):
     assert "outside_region" in text and pr_dataset.urban_route in text
 
 
+def test_summary_says_which_held_out_split_lacks_a_class(pr_dataset):
+    frame = pr_dataset.frame.copy()
+    frame.loc[frame["split"] == "test", "urban_rural"] = "urban"
+    text = dataclasses.replace(pr_dataset, frame=frame).summary()
+    rural_train = int(((frame["split"] == "train") & (frame["urban_rural"] == "rural")).sum())
+    assert f"no rural rows in test: the rural test metrics will be empty ({rural_train:,} rural rows are in train)" in text
+    assert "no rural rows in" not in pr_dataset.summary() and "no urban rows" not in text
+
+
 def test_summary_gives_each_protocol_its_own_shares(pr_tiles):
     ds = build_dataset(pr_tiles, "PR", quarters="2023Q3,2023Q4", seed=0)
     assert "random split 8:1:1 with seed 0" in ds.summary()

@@ -54,6 +54,15 @@ def test_two_target_dataset_keeps_both_speeds(dataset, tmp_path):
     np.testing.assert_array_equal(loaded.frame["y_upload"].to_numpy(), frame["y_upload"].to_numpy())
 
 
+def test_summary_names_both_targets_and_gives_each_its_table(dataset):
+    text = dataset.summary()
+    assert text.splitlines()[0].endswith("download and upload (Mbps), y = log10(download), y_upload = log10(upload)")
+    for target, column in (("download", "value"), ("upload", "value_upload")):
+        table = text.split(f"target {target} (Mbps; y = log10):\n")[1].splitlines()
+        train = next(line.split() for line in table if line.startswith("train"))
+        assert train[3] == f"{dataset.subset('train')[column].median():.3f}"
+
+
 @pytest.mark.parametrize("bad", ["download,download", "speed", "download,latency", ""])
 def test_bad_target_lists_are_refused(bad):
     with pytest.raises(InputDataError):

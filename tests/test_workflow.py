@@ -172,7 +172,7 @@ def test_demo_of_counties_maps_them_and_refuses_a_region_outside_the_samples(tmp
                         device="cpu")
     lines: list[str] = []
     result = run_demo(tmp_path / "vieques", config, echo=lines.append)
-    assert lines[0].startswith("SpatialDataset: Vieques Municipio, PR + Culebra Municipio, PR, download (Mbps)")
+    assert lines[0].startswith("SpatialDataset: Vieques Municipio, PR + Culebra Municipio, PR, download and upload (Mbps)")
     dataset = SpatialDataset.load(result.run.dataset)
     assert len(dataset.frame) == 1_044 and dataset.region.code == "PR"  # bench_regions' vieques-culebra crop
     grid = open_grid(result.run.map_netcdf("knn")).load()

@@ -219,7 +219,8 @@ class SpatialDataset:
         if self.split_protocol == "forecast":
             shares = f"test {self.quarters[-1]}, earlier rows {shares}"
         lines = [
-            f"SpatialDataset: {self.region.name}, {self.target} ({self.units}), y = log10({self.target})",
+            f"SpatialDataset: {self.region.name}, {' and '.join(self.targets)} ({self.units}), "
+            f"y = log10({self.target})" + ("".join(f", y_{t} = log10({t})" for t in self.targets[1:])),
             f"rows: {len(f):,} in {len(self.quarters)} quarter(s) "
             f"{self.quarters[0]}..{self.quarters[-1]}; {self.split_protocol} split {shares} with seed {self.seed}",
             *filter(None, [self.block_line()]),
@@ -242,12 +243,24 @@ class SpatialDataset:
         ur["urban %"] = (100.0 * ur["urban"] / ur.sum(axis=1).where(lambda s: s > 0)).round(1)
         ur.index.name, ur.columns.name = "split", None
         lines += ["", "urban/rural rows per split:", ur.to_string()]
-        empty = [kind for kind in ("urban", "rural") if len(f) and ur[kind].sum() == 0]
-        if empty:
-            hint = (" (the county-share route tags whole counties; --urban-areas with the Census 2020 Urban "
-                    "Area polygons tags each tile)" if self.urban_route.startswith(ROUTE_COUNTY_SHARE) else "")
-            lines.append(f"no {empty[0]} rows: the {empty[0]} metrics will be empty{hint}")
-        groups = f.groupby("split", observed=True)
+        hint = (" (the county-share route tags whole counties; --urban-areas with the Census 2020 Urban "
+                "Area polygons tags each tile)" if self.urban_route.startswith(ROUTE_COUNTY_SHARE) else "")
+        for kind in ("urban", "rural"):
+            if len(f) and ur[kind].sum() == 0:
+                lines.append(f"no {kind} rows: the {kind} metrics will be empty{hint}")
+                continue
+            held = [split for split in ("val", "test")
+                    if ur.loc[split, ["urban", "rural"]].sum() > 0 and ur.loc[split, kind] == 0]
+            if held:
+                lines.append(f"no {kind} rows in {' or '.join(held)}: the {kind} {'/'.join(held)} metrics will "
+                             f"be empty ({ur.loc['train', kind]:,} {kind} rows are in train)")
+        for target in self.targets:
+            lines += ["", *self.for_target(target)._target_stats()]
+        return "\n".join(lines)
+
+    def _target_stats(self) -> list[str]:
+        """The summary's table of the target's value and y per split (two lines)."""
+        groups = self.frame.groupby("split", observed=True)
         stats = pd.DataFrame(
             {
                 "n": groups.size(),
@@ -262,8 +275,7 @@ class SpatialDataset:
             }
         ).reindex(list(SPLITS))
         stats.index.name = "split"
-        lines += ["", f"target {self.target} ({self.units}; y = log10):", stats.round(3).to_string()]
-        return "\n".join(lines)
+        return [f"target {self.target} ({self.units}; y = log10):", stats.round(3).to_string()]
 
     def metadata(self) -> dict:
         """Everything but the frame, as JSON-able values (stored with the file)."""
