@@ -17,7 +17,7 @@ with ``overwrite``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +169,29 @@ def evaluate_on_test(model: GeoModel, dataset: SpatialDataset, split: str = "tes
     return evaluate(rows["y"].to_numpy(np.float64), prediction, rows["urban_rural"].to_numpy().astype(str))
 
 
+def metrics_heading(dataset: SpatialDataset) -> str:
+    """``"test-split metrics (y = log10 download in Mbps):"``, the line above a metrics table."""
+    return f"test-split metrics (y = log10 {dataset.target} in {dataset.units}):"
+
+
+def other_target_metrics(models: Mapping[str, GeoModel], dataset: SpatialDataset) -> list[str]:
+    """The printed test metrics of the models' other targets (upload, for the kinds fitted on a
+    download,upload dataset): per target after the dataset's first, a heading, the table of the
+    kinds that predict it, and each pair's error correlation; no lines for one-target models."""
+    lines: list[str] = []
+    for target in dataset.targets[1:]:
+        fitted = {kind: model for kind, model in models.items() if target in model.others}
+        if not fitted:
+            continue
+        rows = dataset.for_target(target)
+        table = metrics_table({kind: evaluate_on_test(model.for_target(target), rows)
+                               for kind, model in fitted.items()})
+        lines += [metrics_heading(rows), format_metrics_table(table)]
+        lines += [f"{kind}: error correlation of {' and '.join(model.targets)} {model.correlation.tile:.2f} (tiles)"
+                  for kind, model in fitted.items() if model.correlation is not None]
+    return lines
+
+
 def metrics_notes(table: pd.DataFrame, dataset: SpatialDataset) -> list[str]:
     """The lines printed under a fit's test metrics ``table`` (a :func:`~geodbk.fit.metrics.metrics_table`):
     a model that the nearest-tiles average beats, few validation rows, a noisy test split."""
@@ -268,11 +291,11 @@ def _run_demo_into(
         models[kind] = model
         results[kind] = evaluate_on_test(model, dataset)
 
-    echo("test-split metrics (y = log10 " + f"{dataset.target} in {dataset.units}):")
+    echo(metrics_heading(dataset))
     scores = metrics_table(results)
     echo(format_metrics_table(scores))
-    for note in metrics_notes(scores, dataset):
-        echo(note)
+    for line in (*other_target_metrics(models, dataset), *metrics_notes(scores, dataset)):
+        echo(line)
 
     fitted = next(iter(models.values()))
     several = fitted.latest_quarter is not None and len(fitted.info.fitted_quarters) > 1
@@ -312,4 +335,7 @@ def _run_demo_into(
     return DemoResult(final, dataset, models, table, refs, files, seconds)
 
 
-__all__ = ["DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "evaluate_on_test", "metrics_notes", "run_demo"]
+__all__ = [
+    "DEMO_MODELS", "DemoConfig", "DemoResult", "RunFolder", "evaluate_on_test", "metrics_heading", "metrics_notes",
+    "other_target_metrics", "run_demo",
+]

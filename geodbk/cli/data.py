@@ -297,7 +297,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     from geodbk.fit.metrics import format_metrics_table
     from geodbk.fit.protocol import configs
     from geodbk.models.config import check_model_size
-    from geodbk.workflow import RunFolder, evaluate_on_test, metrics_notes
+    from geodbk.workflow import RunFolder, evaluate_on_test, metrics_heading, metrics_notes, other_target_metrics
 
     def echo(text: str) -> None:
         if main:
@@ -361,9 +361,10 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     # saved once every kind has finished or failed, models and metrics together under the folder's
     # lock: a killed fit leaves the run folder as it was, and earlier models' rows are kept
     table = run.save_fits(dataset, models, results, overwrite=args.overwrite, geometry_from=args.dataset)
+    echo(metrics_heading(dataset))
     echo(format_metrics_table(table))
-    for note in metrics_notes(table, dataset):
-        echo(note)
+    for line in (*other_target_metrics(models, dataset), *metrics_notes(table, dataset)):
+        echo(line)
     return _failed_kinds(args, failed, list(models)) if failed else 0
 
 
