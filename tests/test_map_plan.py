@@ -72,11 +72,12 @@ def test_describe_gives_cells_layers_quarters_and_bytes(model) -> None:
     assert plan.layers.values_per_cell() == 6 * 3 + 4 + 1
     assert plan.nbytes == plan.cells * (6 * 3 + 4 + 1) * 4
     line = plan.describe()
-    assert f"{grid.height} x {grid.width} cells of 0.05 in EPSG:4326" in line
+    assert f"{grid.height} x {grid.width} cells of 0.05 deg in EPSG:4326" in line
     assert "quarter(s) 2023Q2,2023Q3,2023Q4" in line and "change 2023Q3 -> 2023Q4" in line
     assert "kernel slices at sanjuan" in line and "11 layers (23 values per cell)" in line
     assert "KiB of float32" in line or "MiB of float32" in line
     assert "kernel slices" not in plan.with_refs(None).describe()
+    assert " cells of 2000 m in EPSG:326" in model.plan("2km", threshold=None).describe()  # a UTM zone's metres
     assert plan.with_refs(None).layers.values_per_cell() == 22
 
 

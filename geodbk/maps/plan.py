@@ -137,7 +137,8 @@ class MapPlan:
         quarters = [str(q) for q in layers.quarters if q is not None]
         shown = ",".join(quarters) or "all fitted quarters pooled"
         n_layers, values = len(layers.variables()), layers.values_per_cell()
-        return (f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} in {grid.crs.to_string()}, "
+        unit = "deg" if grid.crs.is_geographic else "m"
+        return (f"grid: {grid.height} x {grid.width} cells of {grid.resolution:g} {unit} in {grid.crs.to_string()}, "
                 f"quarter(s) {shown}" + (f"; change {layers.change[0]} -> {layers.change[1]}" if layers.change else "")
                 + (f"; kernel slices at {', '.join(layers.ref_names)}" if layers.ref_lonlat is not None else "")
                 + f"; {n_layers} layers ({values} values per cell), "
