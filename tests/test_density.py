@@ -14,6 +14,9 @@ from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.density import CELL_M, TestDensityCovariates, read_density_tiles
 from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset, sample_tiles_path
 from geodbk.errors import InputDataError
+from geodbk.ingest.names import ookla_url
+from geodbk.ingest.regions import load_region
+from geodbk.ingest.sources import cache_path
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
 from geodbk.ingest.quadkey import lonlat_to_quadkey
@@ -111,3 +114,23 @@ def test_a_fit_with_a_density_layer_keeps_it_through_a_save(pr_two_quarters, tmp
     loaded = GeoModel.load(tmp_path / "m.pt")
     np.testing.assert_array_equal(loaded.inputs.features(lonlat, "2023Q4"), X)
     np.testing.assert_allclose(loaded.predict_tiles(rows).mean, model.predict_tiles(rows).mean, rtol=0, atol=1e-12)
+
+
+def test_a_service_and_quarter_read_ookla_global_file_through_the_cache(tmp_path, monkeypatch):
+    """``--density-tiles fixed:2023Q3`` is Ookla's global fixed file of 2023Q3, fetched once into the
+    cache: with that file cached (here, the shipped sample's 2023Q3 rows under its URL's name), the
+    layer is the file's tiles in the region."""
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
+    sample = pd.read_parquet(paths.PUERTO_RICO_FIXED)
+    quarter = sample[(sample["year"] == 2023) & (sample["quarter"] == 3)]
+    cached = cache_path(ookla_url("fixed", 2023, 3))
+    cached.parent.mkdir(parents=True)
+    quarter.to_parquet(cached)
+    region = load_region("Ponce, PR")
+    layer = read_density_tiles("fixed:2023Q3", region)
+    local = read_density_tiles(paths.PUERTO_RICO_FIXED, region)
+    expected = local[(local["year"] == 2023) & (local["quarter"] == 3)]
+    assert len(layer) == len(expected) > 100
+    assert sorted(layer["quadkey"]) == sorted(expected["quadkey"])
+    with pytest.raises(InputDataError, match="service must be one of"):
+        read_density_tiles("fixd:2023Q3", region)

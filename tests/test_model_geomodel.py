@@ -122,6 +122,17 @@ def test_new_measurements_get_the_validation_chosen_family_and_keep_it_on_disk(t
     assert GeoModel.load(path).predict_tiles(val).measurement().shape.is_gaussian
 
 
+def test_cli_fit_outside_the_samples_names_the_fixed_layer_to_download(tmp_path, small_dataset, capsys):
+    from geodbk.cli import main
+
+    elsewhere = dataclasses.replace(small_dataset, region=dataclasses.replace(small_dataset.region, code=None))
+    data = elsewhere.save(tmp_path / "in.parquet")
+    assert main(["fit", "--dataset", str(data), "--out", str(tmp_path / "run"), "--models", "knn", "--no-progress"]) == 0
+    assert ("note: no density layer; the README's tables fit every region with its fixed-broadband tiles, which lower "
+            "the NLL most at new places: --density-tiles fixed:2023Q4 downloads Ookla's global fixed file of that "
+            "quarter once") in capsys.readouterr().out
+
+
 def test_cli_fit_writes_models_and_merged_metrics(tmp_path, small_dataset, capsys):
     from geodbk.cli import main
 

@@ -15,6 +15,7 @@ import shapely
 
 from geodbk import paths
 from geodbk.errors import DownloadError, InputDataError, ResourceLimitError
+from geodbk.ingest.names import ookla_source
 from geodbk.ingest.ookla import TILE_COLUMNS, ookla_url, parse_quarter, parse_service, read_tiles
 from geodbk.ingest.quadkey import quadkey_bounds
 from geodbk.ingest.sources import cache_path, download_limits, fetch
@@ -35,6 +36,16 @@ def test_ookla_url_follows_the_bucket_layout():
                 ("mobile", 2023, 1, "csv")]:
         with pytest.raises(InputDataError):
             ookla_url(*bad)
+
+
+def test_a_service_and_quarter_name_ookla_global_file():
+    assert ookla_source("fixed:2023Q4") == ookla_source("FIXED:2023q4") == ookla_url("fixed", 2023, 4)
+    assert ookla_source("mobile:2020Q1") == ookla_url("mobile", 2020, 1)
+    for unchanged in ("data/fixed_2023Q4.parquet", "https://example.org/fixed:2023Q4", Path("fixed:2023Q4")):
+        assert ookla_source(unchanged) == unchanged
+    for bad in ("cable:2023Q4", "fixed:2018Q1", "fixed:2023Q5"):
+        with pytest.raises(InputDataError):
+            ookla_source(bad)
 
 
 @pytest.mark.parametrize(

@@ -180,9 +180,10 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--coordinate-jitter", type=finite_float, default=None, metavar="METRES",
                    help="sd of the noise on the training places, metres (default 3000 for space-time; 0 = none)")
     p.add_argument("--density-tiles", nargs="+", default=None, metavar="PATH",
-                   help="another Ookla layer over the region (files or URLs, e.g. its fixed-broadband tiles): "
-                   "its test density and mean download speed around each place (windows in geodbk.dataset.density) "
-                   "become model inputs known at every map cell (space-time protocol; default none)")
+                   help="another Ookla layer over the region (files or URLs, e.g. its fixed-broadband tiles; "
+                   "'fixed:2023Q4' downloads Ookla's global fixed file of that quarter once): its test density and "
+                   "mean download speed around each place (windows in geodbk.dataset.density) become model inputs "
+                   "known at every map cell (space-time protocol; default none)")
     p.add_argument("--epochs", type=int, help="maximum training epochs (default 20, more for a region of few rows, "
                    "fewer past 1.5 million; 400 with --paper-size)")
     p.add_argument("--hidden", type=int, help="backbone width h (default 64; 256 with --paper-size)")
@@ -334,6 +335,10 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     elif args.protocol == "space-time" and (fixed := SAMPLE_TILES.get((str(dataset.region.code), "fixed"))):
         echo(f"note: no density layer; the README's tables fit {dataset.region.code} with its shipped fixed-broadband "
              f"tiles (--density-tiles {fixed}), which lower the NLL most at new places")
+    elif args.protocol == "space-time":
+        echo(f"note: no density layer; the README's tables fit every region with its fixed-broadband tiles, which "
+             f"lower the NLL most at new places: --density-tiles fixed:{dataset.quarters[-1]} downloads Ookla's "
+             f"global fixed file of that quarter once")
     results, models, failed = {}, {}, {}
     for kind in kinds:
         start = time.perf_counter()

@@ -4,6 +4,7 @@ service that a file name or URL names."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +21,7 @@ _QUARTER_IN_NAME = re.compile(r"(?<!\d)(20\d\d)[_-]?[Qq]([1-4])(?!\d)")
 _OOKLA_DATE_IN_NAME = re.compile(r"(?<!\d)(20\d\d)-(01|04|07|10)-01_performance")
 _HIVE_IN_NAME = re.compile(r"year=(20\d\d)/quarter=([1-4])")
 _SERVICE_IN_NAME = re.compile(r"(?:^|[^a-z])(mobile|fixed)(?:[^a-z]|$)")
+_SERVICE_QUARTER = re.compile(r"([A-Za-z]+):(\d{4})[Qq](\d)")
 
 
 def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> str:
@@ -48,6 +50,19 @@ def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> st
     return f"{OOKLA_BUCKET_URL}/{folder}/performance/type={service}/year={int(year)}/quarter={quarter}/{name}"
 
 
+def ookla_source(source: str | Path) -> str | Path:
+    """``source`` as a path or URL: ``"fixed:2023Q4"`` (a service and a quarter) becomes Ookla's
+    URL of that quarter's global file (:func:`ookla_url`); anything else is returned unchanged.
+
+    Raises:
+        InputDataError: an unknown service, or a quarter Ookla has not published.
+    """
+    found = _SERVICE_QUARTER.fullmatch(source) if isinstance(source, str) else None
+    if found is None:
+        return source
+    return ookla_url(found.group(1).lower(), int(found.group(2)), int(found.group(3)))
+
+
 def parse_quarter(name: str) -> tuple[int, int] | None:
     """``(year, quarter)`` from a file name or URL, or ``None``.
 
@@ -74,4 +89,4 @@ def parse_service(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-__all__ = ["OOKLA_BUCKET_URL", "SERVICES", "ookla_url", "parse_quarter", "parse_service"]
+__all__ = ["OOKLA_BUCKET_URL", "SERVICES", "ookla_source", "ookla_url", "parse_quarter", "parse_service"]
