@@ -29,7 +29,7 @@ Usage::
     .venv/bin/python benchmarks/bench_regions.py --regions kauai,ponce --eval val --models dbk-rbf,knn
     .venv/bin/python benchmarks/bench_regions.py --eval val --models dbk-rbf --set coordinate_jitter_m=1000
     .venv/bin/python benchmarks/bench_regions.py --region "Hawaii, HI" --draws 1      # any region
-    .venv/bin/python benchmarks/bench_regions.py --region "Boone, MO" --tiles mo.parquet --density mo_fixed.parquet
+    .venv/bin/python benchmarks/bench_regions.py --region "Boone, MO" --tiles mobile:2023Q4 --density fixed:2023Q4
 """
 
 from __future__ import annotations
@@ -204,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--region", metavar="SPEC",
                         help="benchmark this region instead (counties such as 'Boone, MO', a state or a polygon file; "
                         "with --tiles and --density outside Puerto Rico and Hawaii)")
-    parser.add_argument("--tiles", help="the region's Ookla mobile tile file (default: the shipped sample)")
-    parser.add_argument("--density", help="its density layer, e.g. the fixed tiles (default: the shipped sample)")
+    parser.add_argument("--tiles", help="the region's Ookla mobile tile file, or 'mobile:2023Q4' for Ookla's global "
+                        "file of a quarter (default: the shipped sample)")
+    parser.add_argument("--density", help="its density layer, e.g. the fixed tiles or 'fixed:2023Q4' "
+                        "(default: the shipped sample)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--draws", type=int, default=3, help="draws of each split (split and model seeds 0, 1, ...)")
     parser.add_argument("--eval", choices=("val", "test"), default="test")

@@ -62,3 +62,24 @@ def test_ingest_of_global_quarters_keeps_the_state_and_equals_the_in_memory_data
     in_memory = build_dataset(read_tiles(files), "GA")
     pd.testing.assert_frame_equal(streamed.frame, in_memory.frame)
     assert streamed.dropped == in_memory.dropped and streamed.dropped["outside_region"] > 5000
+
+
+def test_ingest_of_ookla_quarters_by_name_reads_their_global_files(tmp_path, monkeypatch):
+    """``--tiles mobile:2023Q3 mobile:2023Q4``: Ookla's global files of two quarters, through the
+    download cache (here holding the shipped sample's rows of each quarter under its URL's name),
+    give the dataset that the sample itself gives for those quarters."""
+    from geodbk.ingest.names import ookla_url
+    from geodbk.ingest.sources import cache_path
+
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path / "cache")
+    sample = pd.read_parquet(paths.PUERTO_RICO_MOBILE)
+    for quarter in (3, 4):
+        cached = cache_path(ookla_url("mobile", 2023, quarter))
+        cached.parent.mkdir(parents=True)
+        sample[(sample["year"] == 2023) & (sample["quarter"] == quarter)].to_parquet(cached)
+    region = ["--region", "Ponce, PR"]
+    assert main(["ingest", "--tiles", "mobile:2023Q3", "mobile:2023Q4", *region, "--out", str(tmp_path / "a.parquet")]) == 0
+    assert main(["ingest", *region, "--quarters", "2023Q3,2023Q4", "--out", str(tmp_path / "b.parquet")]) == 0
+    by_name, from_sample = (SpatialDataset.load(tmp_path / name).frame for name in ("a.parquet", "b.parquet"))
+    assert len(by_name) > 400
+    pd.testing.assert_frame_equal(by_name.drop(columns="geometry"), from_sample.drop(columns="geometry"))

@@ -77,7 +77,7 @@ def test_ingest_of_a_county_clips_the_states_shipped_sample(tmp_path, capsys):
 def test_ingest_outside_the_samples_says_how_to_give_tiles(tmp_path, capsys):
     assert main(["ingest", "--region", "Boone, MO", "--out", str(tmp_path / "boone.parquet")]) == 2
     err = capsys.readouterr().err
-    assert "not 'Boone County, MO'; give its tiles: --tiles FILE_OR_URL" in err and err.count("\n") == 1
+    assert "not 'Boone County, MO'; give its tiles: --tiles mobile:2023Q4 (Ookla's global file), FILE_OR_URL" in err and err.count("\n") == 1
     assert main(["ingest", "--region", "Boon, MO"]) == 2  # a misspelt county is refused as such, with no tile hint
     err = capsys.readouterr().err
     assert "closest: Boone County, MO" in err and "--tiles" not in err

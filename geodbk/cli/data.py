@@ -32,7 +32,9 @@ def _add_ingest(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="build a dataset from Ookla tiles and print its summary")
     src = p.add_argument_group("tiles (default: the shipped mobile sample of --region, PR or HI)")
     src.add_argument("--tiles", nargs="+", metavar="PATH_OR_URL",
-                     help="Ookla tile file(s): Parquet, GeoJSON, shapefile or zip; path or http(s) URL. "
+                     help="Ookla tile file(s): Parquet, GeoJSON, shapefile or zip; path or http(s) URL, or "
+                          "'mobile:2023Q4' for Ookla's global file of a service and quarter (give several for "
+                          "several quarters). "
                           "Parquet is read a batch at a time and only the region's rows are kept, "
                           "so Ookla's global files need no more memory than the region's tiles")
     src.add_argument("--service", choices=("mobile", "fixed"), default=None,
@@ -90,7 +92,8 @@ def _run_ingest(args: argparse.Namespace) -> int:
         try:
             tiles = [sample_tiles_path(region)]
         except RegionError as err:  # a region outside the samples: say how to give its tiles
-            raise RegionError(f"{err}; give its tiles: --tiles FILE_OR_URL, or --service, --year, --quarter") from err
+            raise RegionError(f"{err}; give its tiles: --tiles mobile:2023Q4 (Ookla's global file), FILE_OR_URL, "
+                             "or --service, --year, --quarter") from err
     if args.out:  # before any download or reading: the output may not replace a folder or an input
         check_output(args.out, name="--out", inputs=[path for path in tiles if Path(path).exists()])
     max_bytes = None if args.max_download_mb is None else int(args.max_download_mb * 1e6)

@@ -37,7 +37,6 @@ import pandas as pd
 from geodbk.dataset.coords import ProjectedTransform
 from geodbk.dataset.spatial_dataset import SpatialDataset, sample_tiles_path
 from geodbk.errors import InputDataError
-from geodbk.ingest.names import ookla_source
 from geodbk.ingest.quadkey import quadkey_centres
 from geodbk.ingest.regions import DEFAULT_BUFFER_DEG, Region
 from geodbk.ingest.scan import scan_tiles
@@ -225,11 +224,10 @@ def read_density_tiles(
     """The density layer's tiles in ``region`` (grown by ``buffer_deg`` degrees): a frame as
     given, or files and URLs streamed by :func:`geodbk.ingest.scan.scan_tiles` (every quarter;
     the files must hold one service). ``"fixed:2023Q4"`` names Ookla's global fixed-broadband
-    file of that quarter (:func:`~geodbk.ingest.names.ookla_source`), downloaded once into the cache."""
+    file of that quarter, downloaded once into the cache."""
     if isinstance(source, pd.DataFrame):
         return source
-    sources = [source] if isinstance(source, str | Path) else list(source)
-    return scan_tiles([ookla_source(s) for s in sources], region, buffer_deg=buffer_deg)
+    return scan_tiles(source, region, buffer_deg=buffer_deg)
 
 
 def sample_density_tiles(dataset: SpatialDataset) -> pd.DataFrame:

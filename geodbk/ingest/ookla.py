@@ -50,7 +50,7 @@ import shapely
 
 from geodbk.errors import InputDataError
 from geodbk.ingest.formats import check_head, format_of, read_head
-from geodbk.ingest.names import OOKLA_BUCKET_URL, SERVICES, ookla_url, parse_quarter, parse_service
+from geodbk.ingest.names import OOKLA_BUCKET_URL, SERVICES, ookla_source, ookla_url, parse_quarter, parse_service
 from geodbk.ingest.quadkey import bounds_centres, quadkey_polygons, quadkey_to_tile, tile_bounds
 from geodbk.ingest.sources import is_url, local_path
 from geodbk.ingest.validation import (
@@ -341,7 +341,9 @@ def read_tiles(
 
     Args:
         source: path or http(s) URL of a Parquet/GeoParquet file, a GeoJSON file, a
-            shapefile, or a zip with a shapefile or GeoJSON files; or a sequence of these.
+            shapefile, or a zip with a shapefile or GeoJSON files; ``"mobile:2023Q4"`` for
+            Ookla's global file of a service and quarter (:func:`~geodbk.ingest.names.ookla_source`);
+            or a sequence of these.
         year, quarter: the quarter of files that carry it neither as columns nor in
             their name (``..._2023Q4.geojson``, ``2023-10-01_performance_...``).
         service: ``"mobile"`` or ``"fixed"`` for files that do not say.
@@ -361,7 +363,7 @@ def read_tiles(
             quarter, duplicate rows (see the module docstring).
         DownloadError: a URL cannot be fetched.
     """
-    sources: Iterable = [source] if isinstance(source, (str, Path)) else source
+    sources: Iterable = [ookla_source(s) for s in ([source] if isinstance(source, (str, Path)) else source)]
     frames = []
     for src in sources:
         for raw, name in read_raw(local_path(src, cache_dir)):

@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from geodbk.errors import InputDataError
 from geodbk.ingest.formats import check_head, format_of, read_head
-from geodbk.ingest.names import SERVICES
+from geodbk.ingest.names import SERVICES, ookla_source
 from geodbk.ingest.ookla import (
     READ_COLUMNS,
     check_columns,
@@ -304,7 +304,8 @@ def scan_tiles(
 
     Args:
         source: what :func:`geodbk.ingest.ookla.read_tiles` reads: a path or http(s) URL, or
-            a sequence of them.
+            a sequence of them; ``"mobile:2023Q4"`` or ``"fixed:2023Q4"`` is Ookla's global file of
+            that service and quarter (:func:`~geodbk.ingest.names.ookla_source`).
         region: the study region; a tile is kept when its centre lies inside the region
             polygon grown by ``buffer_deg`` degrees.
         service: keep this service (``None``: the tiles must hold one); also the service of
@@ -329,7 +330,7 @@ def scan_tiles(
         RegionError: no tile lies inside the region.
         DownloadError: a URL cannot be fetched.
     """
-    sources = [source] if isinstance(source, (str, Path)) else list(source)
+    sources = [ookla_source(s) for s in ([source] if isinstance(source, (str, Path)) else source)]
     if not sources:
         raise InputDataError("no tile sources given")
     selection = _Selection(region_test(region, buffer_deg=buffer_deg), service, quarters, drop_incomplete)
