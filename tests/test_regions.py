@@ -35,7 +35,7 @@ def test_unknown_region_is_refused(spec):
 def test_missing_polygon_file_is_named(spec):
     """A polygon file's path that does not exist says so, even with a comma in it (which would
     otherwise read as 'NAME, STATE' counties)."""
-    with pytest.raises(RegionError, match=r"^region file .* not found$"):
+    with pytest.raises(InputDataError, match=r"^region file not found: "):
         load_region(spec)
 
 

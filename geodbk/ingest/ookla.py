@@ -340,10 +340,9 @@ def read_tiles(
     """Read Ookla tiles from a file, a URL, or a list of them.
 
     Args:
-        source: path or http(s) URL of a Parquet/GeoParquet file, a GeoJSON file, a
-            shapefile, or a zip with a shapefile or GeoJSON files; ``"mobile:2023Q4"`` for
-            Ookla's global file of a service and quarter (:func:`~geodbk.ingest.names.ookla_source`);
-            or a sequence of these.
+        source: path or http(s) URL of a Parquet/GeoParquet file, a GeoJSON file, a shapefile,
+            or a zip with a shapefile or GeoJSON files; ``"mobile:2023Q4"`` for Ookla's global
+            file of a quarter (:func:`~geodbk.ingest.names.ookla_source`); or a sequence of these.
         year, quarter: the quarter of files that carry it neither as columns nor in
             their name (``..._2023Q4.geojson``, ``2023-10-01_performance_...``).
         service: ``"mobile"`` or ``"fixed"`` for files that do not say.

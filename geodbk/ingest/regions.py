@@ -30,7 +30,7 @@ from geodbk.errors import InputDataError, RegionError
 from geodbk.ingest.boundaries import counties_named, is_county_spec, lookup_counties, lookup_state
 from geodbk.ingest.formats import FORMATS
 from geodbk.ingest.sources import local_path
-from geodbk.ingest.vectorfiles import read_vector
+from geodbk.ingest.vectorfiles import checked_path, read_vector
 
 #: Default growth of the region polygon before clipping, degrees (see module docstring).
 DEFAULT_BUFFER_DEG = 0.01
@@ -115,9 +115,9 @@ def load_region(spec: str | Path | Region | int) -> Region:
         state lie in, else ``None``.
 
     Raises:
-        RegionError: ``spec`` is none of these, names an unknown or ambiguous county, or is a
-            polygon file's path (a suffix of :data:`~geodbk.ingest.formats.FORMATS`) that does not exist.
-        InputDataError: the polygon file is unreadable, empty or has no CRS.
+        RegionError: ``spec`` is none of these, or names an unknown or ambiguous county.
+        InputDataError: the polygon file is missing (a path with a suffix of
+            :data:`~geodbk.ingest.formats.FORMATS`), a GDAL virtual path, unreadable, empty or has no CRS.
     """
     if isinstance(spec, Region):
         return spec
@@ -131,8 +131,8 @@ def load_region(spec: str | Path | Region | int) -> Region:
     if path.suffix and path.exists():
         polygons = read_polygons(path)
         return Region(path.stem, shapely.make_valid(polygons.geometry.union_all()))
-    if path.suffix.lower() in FORMATS:
-        raise RegionError(f"region file {str(spec)!r} not found")
+    if path.suffix.lower() in FORMATS:  # a polygon file that is not there (or a /vsi path): said so in one line,
+        checked_path(path, "region")  # not read as counties when its name holds a comma
     if isinstance(spec, str) and is_county_spec(spec):
         name, counties, usps = lookup_counties(spec)
         return Region(name, shapely.make_valid(counties.geometry.union_all()), usps or None)

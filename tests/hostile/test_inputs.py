@@ -258,7 +258,7 @@ REFUSED: dict[str, tuple[Callable[[Path], list], str]] = {
     "region of points": (_tiles("tiles.parquet", region="points.geojson"), "polygons"),
     "region without features": (_tiles("tiles.parquet", region="empty_collection.geojson"), "no features"),
     "region zip of two layers": (_tiles("tiles.parquet", region="two_layers.zip"), "2 layers"),
-    "region vsicurl": (_tiles("tiles.parquet", region="/vsicurl/http://127.0.0.1:9/r.geojson"), "unknown region"),
+    "region vsicurl": (_tiles("tiles.parquet", region="/vsicurl/http://127.0.0.1:9/r.geojson"), "virtual"),
     "VRT as urban areas": (_tiles("tiles.parquet", "--urban-areas", "counties.geojson"), "not a GeoJSON"),
     "VRT of a local file as urban areas": (_tiles("tiles.parquet", "--urban-areas", "local.geojson"),
                                            "not a GeoJSON"),
