@@ -39,6 +39,7 @@ import ast
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -63,8 +64,8 @@ class Crop:
 
     name: str
     region: str
-    tiles: str | None = None
-    density: str | None = None
+    tiles: str | Sequence[str] | None = None
+    density: str | Sequence[str] | None = None
 
 
 #: Hawaii's islands (its counties; Maui County holds Maui, Molokai and Lanai) and Puerto
@@ -204,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--region", metavar="SPEC",
                         help="benchmark this region instead (counties such as 'Boone, MO', a state or a polygon file; "
                         "with --tiles and --density outside Puerto Rico and Hawaii)")
-    parser.add_argument("--tiles", help="the region's Ookla mobile tile file, or 'mobile:2023Q4' for Ookla's global "
-                        "file of a quarter (default: the shipped sample)")
-    parser.add_argument("--density", help="its density layer, e.g. the fixed tiles or 'fixed:2023Q4' "
+    parser.add_argument("--tiles", nargs="+", help="the region's Ookla mobile tile file(s), or 'mobile:2023Q4' for "
+                        "Ookla's global file of a quarter (default: the shipped sample)")
+    parser.add_argument("--density", nargs="+", help="its density layer, e.g. the fixed tiles or 'fixed:2023Q4' "
                         "(default: the shipped sample)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--draws", type=int, default=3, help="draws of each split (split and model seeds 0, 1, ...)")
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print("peers left out (pip install -e .[bench]): " + "; ".join(f"{n} ({w})" for n, w in missing.items()))
         models = [m for m in models if m.split(":", 1)[0] not in missing]
     settings = parse_settings(args.set)
-    layer = args.density or "the shipped fixed tiles"
+    layer = ", ".join(args.density) if args.density else "the shipped fixed tiles"
     print(f"NLL of a new measurement on the {args.eval} split; density layer: {layer}; "
           f"dbk-rbf settings: {settings or 'defaults'}")
     failed = 0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from geodbk import paths
@@ -56,7 +57,7 @@ def test_vieques_and_culebra_get_a_square_that_every_verb_accepts() -> None:
         base.with_split("spatial-block", seed=2).check_split()
 
 
-def test_any_region_runs_with_its_own_tiles_and_density_layer(capsys) -> None:
+def test_any_region_runs_with_its_own_tiles_and_density_layer(capsys, tmp_path) -> None:
     """--region with --tiles and --density: the comparison on a region that was not tuned on (here
     Culebra alone, given the files the shipped defaults would pick, so both routes must agree)."""
     mobile, fixed = str(paths.PUERTO_RICO_MOBILE), str(paths.PUERTO_RICO_FIXED)
@@ -66,7 +67,13 @@ def test_any_region_runs_with_its_own_tiles_and_density_layer(capsys) -> None:
     assert dataset.region.name == "Culebra, PR" and len(dataset) == len(default) > 50
     np.testing.assert_array_equal(dataset.frame["y"].to_numpy(), default.frame["y"].to_numpy())
     assert density.equals(default_density)
-    code = bench_regions.main(["--region", "Culebra, PR", "--tiles", mobile, "--density", fixed,
-                               "--models", "knn", "--draws", "1"])
+    layer = pd.read_parquet(fixed)
+    halves = [str(tmp_path / f"fixed_{half}.parquet") for half in ("early", "late")]
+    layer[layer["year"] < 2022].to_parquet(halves[0])
+    layer[layer["year"] >= 2022].to_parquet(halves[1])
+    split_layer = bench_regions.crop_dataset(bench_regions.Crop("Culebra, PR", "Culebra, PR", mobile, halves))[1]
+    assert len(split_layer) == len(default_density) and set(split_layer["quadkey"]) == set(default_density["quadkey"])
+    code = bench_regions.main(["--region", "Culebra, PR", "--tiles", mobile, "--density", *halves,
+                               "--models", "knn", "--draws", "1"])  # a layer in two files
     printed = capsys.readouterr().out
-    assert code == 0 and "## Culebra, PR" in printed and f"density layer: {paths.PUERTO_RICO_FIXED}" in printed
+    assert code == 0 and "## Culebra, PR" in printed and f"density layer: {halves[0]}, {halves[1]}" in printed
