@@ -29,7 +29,7 @@ from shapely.geometry.base import BaseGeometry
 from geodbk.errors import InputDataError, RegionError
 from geodbk.ingest.boundaries import counties_named, is_county_spec, lookup_counties, lookup_state
 from geodbk.ingest.formats import FORMATS
-from geodbk.ingest.sources import local_path
+from geodbk.ingest.sources import is_url, local_path
 from geodbk.ingest.vectorfiles import checked_path, read_vector
 
 #: Default growth of the region polygon before clipping, degrees (see module docstring).
@@ -131,8 +131,8 @@ def load_region(spec: str | Path | Region | int) -> Region:
     if path.suffix and path.exists():
         polygons = read_polygons(path)
         return Region(path.stem, shapely.make_valid(polygons.geometry.union_all()))
-    if path.suffix.lower() in FORMATS:  # a polygon file that is not there (or a /vsi path): said so in one line,
-        checked_path(path, "region")  # not read as counties when its name holds a comma
+    if path.suffix.lower() in FORMATS and not is_url(spec):  # a polygon file that is not there (or a /vsi
+        checked_path(path, "region")  # path), said so in one line: not read as counties when its name holds a comma
     if isinstance(spec, str) and is_county_spec(spec):
         name, counties, usps = lookup_counties(spec)
         return Region(name, shapely.make_valid(counties.geometry.union_all()), usps or None)
