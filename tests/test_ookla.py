@@ -48,6 +48,12 @@ def test_a_service_and_quarter_name_ookla_global_file():
             ookla_source(bad)
 
 
+def test_a_file_named_like_a_quarter_is_read_as_the_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("fixed:2023Q4").write_bytes(b"")
+    assert ookla_source("fixed:2023Q4") == "fixed:2023Q4"
+
+
 @pytest.mark.parametrize(
     "name, quarter, service",
     [

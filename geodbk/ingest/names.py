@@ -52,13 +52,14 @@ def ookla_url(service: str, year: int, quarter: int, fmt: str = "parquet") -> st
 
 def ookla_source(source: str | Path) -> str | Path:
     """``source`` as a path or URL: ``"fixed:2023Q4"`` (a service and a quarter) becomes Ookla's
-    URL of that quarter's global file (:func:`ookla_url`); anything else is returned unchanged.
+    URL of that quarter's global file (:func:`ookla_url`), unless a file of that name exists;
+    anything else is returned unchanged.
 
     Raises:
         InputDataError: an unknown service, or a quarter Ookla has not published.
     """
     found = _SERVICE_QUARTER.fullmatch(source) if isinstance(source, str) else None
-    if found is None:
+    if found is None or Path(source).exists():
         return source
     return ookla_url(found.group(1).lower(), int(found.group(2)), int(found.group(3)))
 
