@@ -275,7 +275,7 @@ class DashboardViews:
         path = fit.files.metrics_csv
         if not path.exists():
             return pn.pane.Markdown(f"No `metrics.csv` in `{fit.run}`.")
-        mine, table = metrics_tables(path, fit.kind)
+        mine, table = metrics_tables(path, fit.kind, fit.target)
         return pn.Column(
             pn.pane.Markdown(f"**Test metrics of {fit.kind} by class** (log10 {fit.target})"),
             pn.pane.DataFrame(mine, sizing_mode="stretch_width", css_classes=["geodbk-metrics"]),

@@ -83,6 +83,21 @@ def test_evaluate_by_urban_rural_and_tables(tmp_path):
     assert records[1]["group"] == "urban" and records[1]["n"] == 3
 
 
+def test_the_baseline_note_reads_the_first_targets_rows():
+    """With a ``target`` column (a download,upload model's rows), the note compares the models on
+    the first target: an upload row worse than knn's download row is not named."""
+    y = np.random.default_rng(1).normal(size=2000)
+    zeros = np.zeros_like(y)
+    good, poor = evaluate(y, Prediction(zeros, np.ones_like(y))), evaluate(y, Prediction(zeros + 3.0, np.ones_like(y)))
+    results = {"dbk-rbf": pd.concat([good.assign(target="download"), poor.assign(target="upload")]),
+               "knn": evaluate(y, Prediction(zeros, np.full_like(y, 2.0))).assign(target="download")}
+    table = metrics_table(results)
+    assert list(table["target"]) == ["download", "upload", "download"]
+    assert baseline_note(table) is None
+    upload_first = pd.concat([table[table["target"] == "upload"], table[table["model"] == "knn"].assign(target="upload")])
+    assert "dbk-rbf (" in baseline_note(upload_first)  # the same rows, upload first: now it is named
+
+
 def test_baseline_note_names_the_models_the_nearest_tiles_average_beats():
     """Truth y ~ N(0, 1): a model that predicts it with sd 1 beats a knn row predicting with sd 3,
     which beats a model 2 sd off the mean; the note names only the last, with both overall NLLs."""

@@ -257,6 +257,22 @@ def test_two_fits_into_one_run_keep_both_models_rows(knn_run, tmp_path) -> None:
     assert sorted(p.name for p in (w / "new-run" / "models").iterdir()) == ["dnn.pt", "knn.pt"]
 
 
+def test_rows_written_before_the_target_column_are_kept_as_the_datasets_target(knn_run, tmp_path) -> None:
+    """A run folder whose metrics.csv predates the ``target`` column (model, group, metrics) keeps
+    its other models' rows when a new fit is added, each marked with the dataset's target."""
+    w = copy_run(knn_run, tmp_path)
+    run = w / "run"
+    table = pd.read_csv(run / "metrics.csv")
+    assert list(table.columns[:3]) == ["model", "target", "group"] and set(table["target"]) == {"download"}
+    table.drop(columns="target").assign(model="older").to_csv(run / "metrics.csv", index=False)
+    assert main(fit_argv(w)) == 0
+    merged = pd.read_csv(run / "metrics.csv")
+    assert list(merged.columns) == list(table.columns)
+    assert sorted(merged["model"].unique()) == ["knn", "older"] and set(merged["target"]) == {"download"}
+    older = merged[merged["model"] == "older"].drop(columns=["model"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(older, table.drop(columns=["model"]).reset_index(drop=True), check_dtype=False)
+
+
 KILLED_WHILE_SAVING = textwrap.dedent(
     """
     import os, signal, sys

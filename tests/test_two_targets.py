@@ -16,12 +16,12 @@ from geodbk.dataset.targets import parse_targets
 from geodbk.errors import InputDataError
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.geomodel import GeoModel
-from geodbk.fit.metrics import nll_per_row
+from geodbk.fit.metrics import metrics_table, nll_per_row
 from geodbk.fit.targets import fit_target_correlation
 from geodbk.io.vectors import tile_predictions
 from geodbk.maps.thresholds import Benchmark
 from geodbk.prediction import Prediction, probability_both_above
-from geodbk.workflow import other_target_metrics
+from geodbk.workflow import evaluate_targets, pair_correlations
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -174,17 +174,23 @@ def test_export_gives_p_meets_for_each_test_tile(model, dataset):
     assert product == pytest.approx(0.25)
 
 
-def test_fit_and_demo_print_the_upload_metrics_of_a_pair(model, dataset):
-    lines = other_target_metrics({"dbk-rbf": model, "download-only": model.for_target("download")}, dataset)
-    heading, table, correlation = lines
-    assert heading == "test-split metrics (y = log10 upload in Mbps):"
-    overall = next(line.split() for line in table.splitlines() if "overall" in line)
-    assert overall[0] == "dbk-rbf" and "download-only" not in table  # only the kinds that predict upload
+def test_a_pairs_metrics_hold_a_row_per_target(model, dataset):
+    """What ``geodbk fit`` and the demo print and write to metrics.csv for a download,upload model:
+    each target's rows, scored against that target's values, and the pair's error correlation."""
+    frame = evaluate_targets(model, dataset)
+    assert list(frame["target"].unique()) == ["download", "upload"]
     test = dataset.subset("test")
     upload = model.for_target("upload").predict_tiles(test).measurement()
-    assert float(overall[4]) == pytest.approx(nll_per_row(test["y_upload"].to_numpy(), upload).mean(), abs=1e-4)
-    assert correlation == f"dbk-rbf: error correlation of download and upload {model.correlation.tile:.2f} (tiles)"
-    assert other_target_metrics({"dbk-rbf": model.for_target("download")}, dataset) == []
+    overall = frame[frame["target"] == "upload"].loc["overall"]
+    assert overall["NLL"] == pytest.approx(nll_per_row(test["y_upload"].to_numpy(), upload).mean())
+    assert overall["n"] == len(test)
+    one = evaluate_targets(model.for_target("download"), dataset)
+    assert list(one["target"].unique()) == ["download"]
+    pd.testing.assert_frame_equal(one, frame[frame["target"] == "download"])
+    table = metrics_table({"dbk-rbf": frame})
+    assert list(table.columns[:3]) == ["model", "target", "group"] and len(table) == len(frame)
+    assert pair_correlations({"dbk-rbf": model, "knn": model.for_target("download")}) == [
+        f"dbk-rbf: error correlation of download and upload {model.correlation.tile:.2f} (tiles)"]
 
 
 def test_cli_update_conditions_a_model_file(model, dataset, tmp_path):

@@ -479,6 +479,11 @@ def test_summary_and_metrics_tables(tmp_path):
     mine, everything = metrics_tables(path, "a")
     assert len(mine) == 2 and len(everything) == 3 and mine["nll"].iloc[0] == 0.123
     assert metrics_tables(path, "zzz")[0].empty
+    pd.DataFrame({"model": ["a", "a", "b"], "target": ["download", "upload", "download"], "group": ["all"] * 3,
+                  "nll": [0.1, 0.2, 0.3]}).to_csv(path, index=False)
+    mine, everything = metrics_tables(path, "a", "upload")
+    assert mine["nll"].tolist() == [0.2] and everything.index.names == ["model", "target", "group"]
+    assert len(metrics_tables(path, "a")[0]) == 2
 
 
 # --- the catalog over a real run folder --------------------------------------------------------

@@ -55,11 +55,15 @@ def test_run_folder_has_every_documented_file(demo) -> None:
 def test_metrics_table_by_model_and_group(demo) -> None:
     result, _ = demo
     table = pd.read_csv(result.run.metrics_csv)
-    assert list(table.columns) == ["model", "group", "n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
-    assert set(zip(table["model"], table["group"])) == {(k, g) for k in KINDS for g in ("overall", "urban", "rural")}
+    assert list(table.columns) == ["model", "target", "group", "n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
+    pairs = {kind for kind, model in result.models.items() if model.targets == ("download", "upload")}
+    assert pairs == {"dbk-rbf"}  # the demo's pair model: its upload rows too
+    assert set(zip(table["model"], table["target"], table["group"])) == {
+        (k, t, g) for k in KINDS for t in ("download", "upload") if t == "download" or k in pairs
+        for g in ("overall", "urban", "rural")}
     n_test = int((result.dataset.frame["split"] == "test").sum())
-    for kind in KINDS:
-        rows = table[table["model"] == kind].set_index("group")
+    for kind, target in [(k, "download") for k in KINDS] + [(k, "upload") for k in pairs]:
+        rows = table[(table["model"] == kind) & (table["target"] == target)].set_index("group")
         assert rows.loc["overall", "n"] == n_test == rows.loc["urban", "n"] + rows.loc["rural", "n"]
         assert 0.0 <= rows.loc["overall", "coverage95"] <= 1.0 and rows.loc["overall", "MAE"] > 0
     json_table = pd.read_json(result.run.metrics_json)

@@ -301,7 +301,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     from geodbk.fit.metrics import format_metrics_table
     from geodbk.fit.protocol import configs
     from geodbk.models.config import check_model_size
-    from geodbk.workflow import RunFolder, evaluate_on_test, metrics_heading, metrics_notes, other_target_metrics
+    from geodbk.workflow import RunFolder, evaluate_targets, metrics_heading, metrics_notes, pair_correlations
 
     def echo(text: str) -> None:
         if main:
@@ -352,7 +352,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
                 coordinate_jitter_m=args.coordinate_jitter, density_tiles=density, **overrides,
             )
             if main:
-                results[kind] = evaluate_on_test(model, dataset)
+                results[kind] = evaluate_targets(model, dataset)
         except Exception as err:  # the other kinds go on; Ctrl-C and SIGTERM stop the fit
             if is_worker():  # torchrun workers train in step: one that went on alone would wait forever
                 raise
@@ -371,7 +371,7 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
     table = run.save_fits(dataset, models, results, overwrite=args.overwrite, geometry_from=args.dataset)
     echo(metrics_heading(dataset))
     echo(format_metrics_table(table))
-    for line in (*other_target_metrics(models, dataset), *metrics_notes(table, dataset)):
+    for line in (*pair_correlations(models), *metrics_notes(table, dataset)):
         echo(line)
     return _failed_kinds(args, failed, list(models)) if failed else 0
 

@@ -116,11 +116,13 @@ def evaluate(y: np.ndarray, prediction: Prediction, groups: Sequence[str] | None
 
 def metrics_table(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """Long table (model, group, n, MAE, NLL, CRPS, coverage95, pi_width) from
-    ``{model name: evaluate(...) output}``."""
+    ``{model name: evaluate(...) output}``; with a ``target`` column after ``model`` when the
+    frames have one (a download,upload model's rows of each target)."""
     parts = [frame.reset_index().assign(model=name) for name, frame in results.items()]
+    keys = ["model", "target", "group"] if any("target" in part for part in parts) else ["model", "group"]
     if not parts:
-        return pd.DataFrame(columns=["model", "group", *METRIC_COLUMNS])
-    return pd.concat(parts, ignore_index=True)[["model", "group", *METRIC_COLUMNS]]
+        return pd.DataFrame(columns=[*keys, *METRIC_COLUMNS])
+    return pd.concat(parts, ignore_index=True)[[*keys, *METRIC_COLUMNS]]
 
 
 def format_metrics_table(table: pd.DataFrame) -> str:
@@ -138,6 +140,8 @@ def baseline_note(table: pd.DataFrame) -> str | None:
     it or the table has no baseline row. On a small region's held-out blocks the baseline can win
     (the Big Island's 6-10 km squares in ``benchmarks/bench_regions.py``), and there the map says
     less than the measured tiles around a place."""
+    if "target" in table and len(table):  # the first target's rows (download, beside a pair's upload)
+        table = table[table["target"] == table["target"].iloc[0]]
     overall = table[table["group"] == "overall"].drop_duplicates("model", keep="last").set_index("model")["NLL"]
     if BASELINE_KIND not in overall.index:
         return None

@@ -173,7 +173,7 @@ class RunFolder:
         timeout_s: float | None = None,
         geometry_from: str | Path | None = None,
     ) -> pd.DataFrame:
-        """Add fitted ``models`` with their test metrics ``results`` (:func:`evaluate_on_test` per
+        """Add fitted ``models`` with their test metrics ``results`` (:func:`evaluate_targets` per
         kind) to the run folder and return the merged metrics table: the models are staged in a
         :class:`geodbk.fileio.FolderCommit` and committed by :meth:`commit_fits`."""
         commit = FolderCommit(self.root, overwrite=overwrite)
@@ -204,7 +204,8 @@ class RunFolder:
 
         Under the folder's lock (waiting up to ``timeout_s``, default :data:`RUN_LOCK_TIMEOUT_S`,
         then :class:`geodbk.errors.FolderBusyError`), the checks of :meth:`check_fits` run again,
-        the metrics rows of models fitted earlier are kept (those of ``results``' kinds replaced),
+        the metrics rows of models fitted earlier are kept (those of ``results``' kinds replaced;
+        rows written before metrics had a ``target`` column are the dataset's target's),
         ``dataset`` is staged too when neither the folder nor the staging has one, and every
         staged file, both metrics files and the folder's marker are moved into place together;
         files of the folder that were not staged stay as they are.
@@ -214,7 +215,12 @@ class RunFolder:
             table = metrics_table(results)
             earlier = self._earlier_metrics()
             if earlier is not None:
-                table = pd.concat([earlier[~earlier["model"].isin(list(results))], table], ignore_index=True)
+                kept = earlier[~earlier["model"].isin(list(results))]
+                if "target" in table or "target" in kept:  # rows written without one are the dataset's target
+                    table, kept = (part if "target" in part else part.assign(target=dataset.target)
+                                   for part in (table, kept))
+                    table = table[["model", "target", *(c for c in table if c not in ("model", "target"))]]
+                table = pd.concat([kept, table], ignore_index=True)[table.columns]
             staged = RunFolder(commit.staging)
             if not (self.dataset.exists() or staged.dataset.exists()):
                 dataset.save(staged.dataset, geometry_from=geometry_from)

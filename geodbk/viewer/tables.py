@@ -31,9 +31,16 @@ def summary_table(summary: pd.DataFrame, units: str) -> pd.DataFrame:
     return table.round({f"median_{key}": 1, f"lower_{key}": 1, f"upper_{key}": 1, "share_below": 3, "sd_log10": 3})
 
 
-def metrics_tables(path: Path, kind: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+def metrics_tables(path: Path, kind: str, target: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(rows of model kind, all rows)`` of a run's ``metrics.csv``, indexed by
-    ``(model, group)`` and rounded to 3 decimals (log10 units)."""
-    table = pd.read_csv(path).set_index(["model", "group"]).round(3)
-    mine = table.loc[[kind]] if kind in table.index.get_level_values(0) else table.iloc[:0]
+    ``(model, group)`` (``(model, target, group)`` where the file has a ``target`` column; the
+    kind's rows then of ``target`` alone, when given) and rounded to 3 decimals (log10 units)."""
+    table = pd.read_csv(path)
+    keys = ["model", "target", "group"] if "target" in table else ["model", "group"]
+    table = table.set_index(keys).round(3)
+    if kind not in table.index.get_level_values(0):
+        return table.iloc[:0], table
+    mine = table.loc[[kind]]
+    if target is not None and "target" in keys:
+        mine = mine[mine.index.get_level_values("target") == target]
     return mine, table
