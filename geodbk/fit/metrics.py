@@ -119,10 +119,16 @@ def metrics_table(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     ``{model name: evaluate(...) output}``; with a ``target`` column after ``model`` when the
     frames have one (a download,upload model's rows of each target)."""
     parts = [frame.reset_index().assign(model=name) for name, frame in results.items()]
-    keys = ["model", "target", "group"] if any("target" in part for part in parts) else ["model", "group"]
     if not parts:
-        return pd.DataFrame(columns=[*keys, *METRIC_COLUMNS])
-    return pd.concat(parts, ignore_index=True)[[*keys, *METRIC_COLUMNS]]
+        return pd.DataFrame(columns=["model", "group", *METRIC_COLUMNS])
+    table = pd.concat(parts, ignore_index=True)
+    return table[metrics_columns(table)]
+
+
+def metrics_columns(table: pd.DataFrame) -> list[str]:
+    """The column order of a :func:`metrics_table`: model, target (where ``table`` has one), group,
+    then :data:`METRIC_COLUMNS`."""
+    return ["model", *(["target"] if "target" in table else []), "group", *METRIC_COLUMNS]
 
 
 def format_metrics_table(table: pd.DataFrame) -> str:

@@ -20,7 +20,7 @@ from geodbk.dataset.spatial_dataset import SpatialDataset
 from geodbk.errors import InputDataError, OutputExistsError
 from geodbk.fileio import RUN_FOLDER, FolderCommit, check_output, folder_lock, holdings, mark_output, output_kind
 from geodbk.fit.geomodel import GeoModel
-from geodbk.fit.metrics import metrics_table, save_metrics
+from geodbk.fit.metrics import metrics_columns, metrics_table, save_metrics
 
 #: Seconds a fit waits for another process to finish writing the same run folder.
 RUN_LOCK_TIMEOUT_S = 120.0
@@ -215,12 +215,10 @@ class RunFolder:
             table = metrics_table(results)
             earlier = self._earlier_metrics()
             if earlier is not None:
-                kept = earlier[~earlier["model"].isin(list(results))]
-                if "target" in table or "target" in kept:  # rows written without one are the dataset's target
-                    table, kept = (part if "target" in part else part.assign(target=dataset.target)
-                                   for part in (table, kept))
-                    table = table[["model", "target", *(c for c in table if c not in ("model", "target"))]]
-                table = pd.concat([kept, table], ignore_index=True)[table.columns]
+                table = pd.concat([earlier[~earlier["model"].isin(list(results))], table], ignore_index=True)
+                if "target" in table:  # rows written before metrics had a target column are the dataset's target's
+                    table["target"] = table["target"].fillna(dataset.target)
+                table = table[metrics_columns(table)]
             staged = RunFolder(commit.staging)
             if not (self.dataset.exists() or staged.dataset.exists()):
                 dataset.save(staged.dataset, geometry_from=geometry_from)
