@@ -376,7 +376,9 @@ def fitted(pr_two_quarters):
 
 @pytest.fixture(scope="module")
 def pr_model(fitted):
-    return fitted()
+    """The deep part and its field alone: the tests below check their algebra (the average with a
+    kriging part is checked in test_averaging.py)."""
+    return fitted(kriging_average=False)
 
 
 def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters, pr_model):

@@ -57,7 +57,7 @@ def model(dataset):
 
 @pytest.fixture(scope="module")
 def gp_only(model):
-    return dataclasses.replace(model, residuals=None)
+    return dataclasses.replace(model.deep_part, residuals=None)
 
 
 def sample_f(model, X: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:

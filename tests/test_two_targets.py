@@ -130,20 +130,23 @@ def test_grouped_posterior_sd_is_the_area_sd(model, dataset):
 
 
 def test_condition_reproduces_the_fits_conditioning(model, dataset):
-    """A model whose residual field lacks some training rows, conditioned on those rows, predicts
-    what the fitted model predicts (the same deep kernel)."""
+    """A model whose residual fields (its deep part's and its kriging part's) lack some training
+    rows, conditioned on those rows, predicts what the fitted model predicts (the same networks)."""
     train = dataset.subset("train")
     held = train.iloc[::5]
-    fields = {}
-    for target in model.targets:
-        field = model.for_target(target).residuals
+
+    def thinned(part: GeoModel) -> GeoModel:
+        field = part.residuals
         keep = np.ones(len(field.residual), dtype=bool)
         keep[::5] = False  # the field's rows are the training rows in order
-        fields[target] = dataclasses.replace(
-            field, xy_m=field.xy_m[keep], years=field.years[keep], residual=field.residual[keep],
-            noise_var=field.noise_var[keep], test_var=field.test_var[keep])
-    first = dataclasses.replace(model.for_target("download"), residuals=fields["download"])
-    upload = dataclasses.replace(model.for_target("upload"), residuals=fields["upload"])
+        field = dataclasses.replace(field, xy_m=field.xy_m[keep], years=field.years[keep],
+                                    residual=field.residual[keep], noise_var=field.noise_var[keep],
+                                    test_var=field.test_var[keep])
+        kriging = None if part.kriging is None else thinned(part.kriging)
+        return dataclasses.replace(part, residuals=field, kriging=kriging)
+
+    first, upload = thinned(model.for_target("download")), thinned(model.for_target("upload"))
+    assert first.kriging is not None
     without = dataclasses.replace(first, others={"upload": upload}, correlation=model.correlation)
     lonlat = held[["lon", "lat"]].to_numpy()[:200]
     assert not np.allclose(without.predict(lonlat).mean, model.predict(lonlat).mean)

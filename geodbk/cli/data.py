@@ -360,7 +360,8 @@ def _fit(args: argparse.Namespace, device: str, *, main: bool) -> int:
             echo(f"{kind}: failed after {time.perf_counter() - start:.0f} s")
             continue
         models[kind] = model
-        echo(f"{kind}: best epoch {model.regressor.best_epoch}/{len(model.regressor.history)}, "
+        averaged = "" if model.kriging is None else ", averaged with its kriging part"
+        echo(f"{kind}: best epoch {model.regressor.best_epoch}/{len(model.regressor.history)}{averaged}, "
              f"{time.perf_counter() - start:.0f} s")
     if not main:
         return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import pandas as pd
 import shapely
 
 from geodbk.dataset.density import DensitySource, read_density_tiles
+from geodbk.dataset.inputs import InputSpace
 from geodbk.dataset.model_info import ModelInfo
 from geodbk.dataset.protocols import MIN_WAVELENGTH_M, Protocol, get_protocol
 from geodbk.dataset.spatial_dataset import SpatialDataset
@@ -29,6 +31,7 @@ from geodbk.fit.tails import fit_measurement_tails
 from geodbk.fit.targets import fit_target_correlation
 from geodbk.fit.train import fit_arrays
 from geodbk.fit.validation_areas import AreaGroups, square_areas
+from geodbk.models.config import ModelConfig, TrainConfig
 from geodbk.models.zoo import get_model_spec
 from geodbk.quarters import quarter_years
 
@@ -46,6 +49,7 @@ def fit_dataset(
     area_criterion: bool = True,
     conjugate_posterior: bool = True,
     measurement_tails: bool = True,
+    kriging_average: bool = True,
     density_tiles: DensitySource | None = None,
     **overrides: Any,
 ) -> GeoModel:
@@ -82,6 +86,10 @@ def fit_dataset(
         measurement_tails: choose a new measurement's family on the validation rows (a skewed
             shape, scale and test-count shift, :func:`~geodbk.fit.tails.fit_measurement_tails`),
             where the protocol does; maps of the tile mean do not change. ``False`` keeps it Gaussian (an ablation).
+        kriging_average: where the model has a residual field, fit a second map model on the same
+            rows whose network reads the quarter alone (the field kriged around each quarter's
+            level, :attr:`GeoModel.kriging`) and average the two (:mod:`geodbk.fit.averaging`);
+            the measurement family is chosen on the average. ``False`` is an ablation.
         density_tiles: another Ookla layer's tiles over the region (the fixed-broadband tiles,
             say): a frame, or files/URLs read by :func:`~geodbk.dataset.density.read_density_tiles`.
             Their test density and speed around each place become model inputs known at every map cell
@@ -97,7 +105,8 @@ def fit_dataset(
     settings = dict(
         protocol=protocol, preset=preset, min_wavelength_m=min_wavelength_m, coordinate_jitter_m=coordinate_jitter_m,
         local_residuals=local_residuals, area_criterion=area_criterion, conjugate_posterior=conjugate_posterior,
-        measurement_tails=measurement_tails, density_tiles=density_tiles, **overrides,
+        measurement_tails=measurement_tails, kriging_average=kriging_average, density_tiles=density_tiles,
+        **overrides,
     )
     models = [_fit_target(dataset.for_target(target), kind, **settings) for target in chosen]
     if len(models) == 1:
@@ -122,6 +131,7 @@ def _fit_target(
     area_criterion: bool,
     conjugate_posterior: bool,
     measurement_tails: bool,
+    kriging_average: bool,
     density_tiles: DensitySource | None,
     **overrides: Any,
 ) -> GeoModel:
@@ -131,11 +141,36 @@ def _fit_target(
         density_tiles, dataset.region, buffer_deg=dataset.buffer_deg
     )
     inputs = rules.input_space(dataset, density)
-    train = dataset.subset("train")  # one copy of the training rows (9.7M of them in the US benchmark)
+    train, val = dataset.subset("train"), dataset.subset("val")  # one copy of the training rows (9.7M in the US)
     model_config, train_config = fit_configs(
         rules, inputs, preset, n_rows=len(train), min_wavelength_m=min_wavelength_m,
         coordinate_jitter_m=coordinate_jitter_m, **overrides,
     )
+    refit = conjugate_posterior and rules.conjugate_posterior and get_model_spec(kind).conjugate_posterior
+    fields = local_residuals and rules.local_residuals
+    part = partial(_fit_map_model, dataset, kind, train, val, refit=refit, fields=fields, area_criterion=area_criterion)
+    model = part(inputs, model_config, train_config)
+    if kriging_average and model.residuals is not None:
+        quarter_only = rules.input_space(dataset, None)  # no density layer: the kriging part reads the quarter
+        model.kriging = part(
+            quarter_only,
+            replace(model_config, input_columns=(quarter_only.feature_names.index("t"),), encoding_scales=0),
+            replace(train_config, coordinate_jitter=0.0),
+        )
+    if measurement_tails and rules.measurement_tails:
+        tests_val = val["tests"].to_numpy(np.float64)
+        model.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), model.predict_tiles(val), tests_val,
+                                           train_tests=train["tests"].to_numpy(np.float64))
+    return model
+
+
+def _fit_map_model(
+    dataset: SpatialDataset, kind: str, train: pd.DataFrame, val: pd.DataFrame, inputs: InputSpace,
+    model_config: ModelConfig, train_config: TrainConfig, *, refit: bool, fields: bool, area_criterion: bool,
+) -> GeoModel:
+    """One map model of the dataset's ``train`` rows on ``inputs`` (the regressor, its conjugate
+    refit where ``refit``, a residual field where ``fields``; no tails), chosen on its ``val``
+    rows: the deep part, then the kriging part, of :func:`_fit_target`."""
 
     def rows(part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         lonlat, years = part[["lon", "lat"]].to_numpy(np.float64), quarter_years(part["year"], part["quarter"])
@@ -143,17 +178,15 @@ def _fit_target(
         return inputs.features(lonlat, years), y, tests, lonlat, years
 
     X, y, tests, lonlat, years = rows(train)
-    val = dataset.subset("val")
     X_val, y_val, tests_val, lonlat_val, years_val = rows(val)
     regressor = fit_arrays(
         kind, X, y, X_val, y_val, tests=tests, tests_val=tests_val, model_config=model_config,
         train_config=train_config,
     )
-    refit = conjugate_posterior and rules.conjugate_posterior and get_model_spec(kind).conjugate_posterior
     if refit:
         regressor.refit_posterior(X, y, tests, train["quadkey"].to_numpy())
     residuals = None
-    if local_residuals and rules.local_residuals and regressor.has_kernel:
+    if fields and regressor.has_kernel:
         train_pred, val_pred = regressor.predict(X, tests=tests), regressor.predict(X_val, tests=tests_val)
         areas = _validation_areas(regressor, X_val, lonlat_val, years_val) if area_criterion else None
         residuals = ResidualField.fit(
@@ -171,17 +204,14 @@ def _fit_target(
         region=dataset.region.name,
         region_wkb_hex=shapely.to_wkb(dataset.region.geometry, hex=True),
         quarters=tuple(dataset.quarters),
-        protocol=rules.name,
+        protocol=inputs.protocol,
         split=dataset.split_protocol,
         n_train=int(len(y)),
         local_residuals=residuals is not None,
         posterior="conjugate" if refit else "trained",
     )
     support = train.drop_duplicates("quadkey")[["lon", "lat"]].to_numpy(np.float64)
-    model = GeoModel(regressor, inputs, info, support, residuals)
-    if measurement_tails and rules.measurement_tails:
-        model.tails = fit_measurement_tails(y_val, model.predict_tiles(val), tests_val, train_tests=tests)
-    return model
+    return GeoModel(regressor, inputs, info, support, residuals)
 
 
 def _validation_areas(

@@ -4,7 +4,9 @@ Inputs are lon/lat in degrees (EPSG:4326) and, for space-time models, a quarter;
 :class:`~geodbk.dataset.inputs.InputSpace` maps them to what the regressor was fitted on. Space-time
 GP kinds add tile-scale detail from a :class:`~geodbk.fit.residuals.ResidualField` (a local
 kernel conditioned on their training residuals), and space-time models score a new measurement
-with the skewed family of :class:`~geodbk.fit.tails.MeasurementTails`. Outputs are in
+with the skewed family of :class:`~geodbk.fit.tails.MeasurementTails`. A space-time GP fit also
+holds a kriging part (:attr:`GeoModel.kriging`), whose distribution every product averages with
+the deep part's (:mod:`geodbk.fit.averaging`). Outputs are in
 the target's log10 units. Asking about places or quarters outside the fitted domain warns with
 an :class:`~geodbk.errors.ExtrapolationWarning`.
 
@@ -18,7 +20,8 @@ decision-facing ones (targets, posterior, condition) hand over to :mod:`geodbk.f
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -36,6 +39,7 @@ from geodbk.dataset.domain import DomainReport, fitted_area
 from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time
 from geodbk.dataset.model_info import ModelInfo
 from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.fit.averaging import average_changes, average_predictions
 from geodbk.fit.posterior import MapPosterior
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
 from geodbk.fit.residuals import ResidualField
@@ -60,6 +64,14 @@ _FORMAT = "geodbk.fit.geomodel/2"
 #: What :meth:`GeoModel.map_time` reads: ``"latest"``, ``"all"``, one quarter or a list of them
 #: (:class:`Quarter` values or ``"2023Q4"`` labels).
 QuartersLike = str | Quarter | Sequence[Quarter | str]
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence extrapolation warnings: the kriging part's inputs are the deep part's, which warned."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        yield
 
 
 def _lonlat(a: np.ndarray, name: str) -> np.ndarray:
@@ -88,6 +100,9 @@ class GeoModel:
             same rows; empty for a one-target model. See :attr:`targets`.
         correlation: the correlation of the two targets' errors (chosen on validation rows), or
             ``None`` for a one-target model.
+        kriging: the kriging part, or ``None``: a map model of the same rows (its own regressor,
+            reading the quarter alone, and residual field; no tails) whose distribution every
+            prediction averages with this one's (:mod:`geodbk.fit.averaging`).
     """
 
     regressor: Regressor
@@ -98,6 +113,7 @@ class GeoModel:
     tails: MeasurementTails | None = None
     others: dict[str, GeoModel] = field(default_factory=dict)
     correlation: TargetCorrelation | None = None
+    kriging: GeoModel | None = None
     _support_index: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -196,7 +212,16 @@ class GeoModel:
             years = self._years(time, len(lonlat))
             factor = self.residuals.variance_factor(lonlat, years)
             prediction = self._with_residuals(prediction, *self.residuals.condition(lonlat, years), factor)
+        if self.kriging is not None:
+            with _quiet():
+                prediction = average_predictions(prediction, self.kriging.predict(lonlat, time, tests=tests,
+                                                                                  batch_size=batch_size))
         return prediction if self.tails is None else self.tails.apply(prediction, tests)
+
+    @property
+    def deep_part(self) -> GeoModel:
+        """This model without its :attr:`kriging` part and tails (itself when it has no kriging part)."""
+        return self if self.kriging is None else replace(self, kriging=None, tails=None)
 
     def _combine(
         self, gp_var: np.ndarray, local_var: np.ndarray | float, factor: np.ndarray | float = 1.0,
@@ -252,6 +277,10 @@ class GeoModel:
             raise InputDataError(
                 f"the {self.kind} model is time-free ({self.inputs.protocol} protocol); it has no change"
             )
+        if self.kriging is not None:
+            deep = self.deep_part.predict_change(lonlat, time_from, time_to)
+            with _quiet():
+                return average_changes(deep, self.kriging.predict_change(lonlat, time_from, time_to))
         lonlat = _lonlat(lonlat, "lonlat")
         X_from, X_to = self.features(lonlat, time_from), self.features(lonlat, time_to)
         before, after = self.predict_series(lonlat, [time_from, time_to])
@@ -314,8 +343,15 @@ class GeoModel:
         :meth:`~geodbk.fit.residuals.ResidualField.area_condition`. Each point's variance factor
         F_i (:meth:`~geodbk.fit.residuals.ResidualField.variance_factor`) scales the covariances,
         so the variance is that of ``sum_i w_i sqrt(F_i) f_i``. A group without points gets NaN.
+        With a :attr:`kriging` part, both parts' areas and cells are averaged.
         """
         self._require_kernel()
+        if self.kriging is not None:
+            deep = self.deep_part.predict_areas(lonlat, groups, n_groups, time, weights=weights, return_cells=True)
+            with _quiet():
+                other = self.kriging.predict_areas(lonlat, groups, n_groups, time, weights=weights, return_cells=True)
+            areas, cells = (average_predictions(a, b) for a, b in zip(deep, other, strict=True))
+            return (areas, cells) if return_cells else areas
         lonlat = _lonlat(lonlat, "lonlat")
         groups = np.asarray(groups, dtype=np.int64).reshape(-1)
         if len(groups) != len(lonlat):
@@ -362,17 +398,23 @@ class GeoModel:
             raise InputDataError("a kernel slice is taken at one quarter; give time as '2023Q4' or one decimal year")
         lonlat, ref_lonlat = _lonlat(lonlat, "lonlat"), _lonlat(ref_lonlat, "ref_lonlat")
         gp = self.regressor.kernel(self.features(lonlat, time), self.inputs.features(ref_lonlat, time))
-        if self.residuals is None:
+        if self.residuals is not None:
+            gp = self.residuals.kernel.combine(gp, self.residuals.prior_covariance(lonlat, ref_lonlat))
+        if self.kriging is None:
             return gp
-        return self.residuals.kernel.combine(gp, self.residuals.prior_covariance(lonlat, ref_lonlat))
+        with _quiet():
+            return 0.5 * (gp + self.kriging.kernel_slice(lonlat, ref_lonlat, time))
 
     def prior_variance(self, lonlat: np.ndarray, time: TimeLike = None) -> np.ndarray:
         """Prior variance k(x, x), (n,), in (log10 units)^2; the diagonal of :meth:`kernel_slice`."""
         self._require_kernel()
         gp = self.regressor.kernel(self.features(lonlat, time), diag=True)
-        if self.residuals is None:
+        if self.residuals is not None:
+            gp = self.residuals.kernel.combine(gp, np.full_like(gp, self.residuals.kernel.prior_var))
+        if self.kriging is None:
             return gp
-        return self.residuals.kernel.combine(gp, np.full_like(gp, self.residuals.kernel.prior_var))
+        with _quiet():
+            return 0.5 * (gp + self.kriging.prior_variance(lonlat, time))
 
     def _require_kernel(self) -> None:
         if not self.has_kernel:
@@ -563,6 +605,7 @@ class GeoModel:
             "tails": None if self.tails is None else self.tails.to_payload(),
             "others": {target: model._payload() for target, model in self.others.items()},
             "correlation": None if self.correlation is None else self.correlation.to_dict(),
+            "kriging": None if self.kriging is None else self.kriging._payload(),
         }
 
     @classmethod
@@ -607,6 +650,7 @@ class GeoModel:
         info.check_scaling(regressor.y_mean, regressor.y_std)
         support, residuals, tails = payload.get("support"), payload.get("residuals"), payload.get("tails")
         correlation = payload.get("correlation")  # None for a one-target model
+        kriging = payload.get("kriging")  # None for a model without a kriging part, or written before it
         return cls(
             regressor=regressor,
             inputs=inputs,
@@ -616,4 +660,5 @@ class GeoModel:
             tails=None if tails is None else MeasurementTails.from_payload(tails),
             others={target: cls._from_payload(other, device) for target, other in payload.get("others", {}).items()},
             correlation=None if correlation is None else TargetCorrelation.from_dict(correlation),
+            kriging=None if kriging is None else cls._from_payload(kriging, device),
         )

@@ -7,12 +7,14 @@ polygons), at one quarter, for each of the model's targets. The parts:
 * **the long-range part, shared by every site:** the basis GP's posterior factor
   ``U_i = sqrt(s F_i) y_std L^T phi(x_i)`` (:meth:`~geodbk.fit.regressor.Regressor.low_rank_factor`;
   s the residual kernel's variance scale, F_i the variance factor of the forecast horizon and
-  the local volatility), summed with the group weights for group means: exact.
+  the local volatility), summed with the group weights for group means: exact. A model with a
+  kriging part joins both parts' factors and the difference of their means
+  (:func:`~geodbk.fit.averaging.averaged_factor`), the averaged covariance's long-range part.
 * **each site's own variance beyond it:** the model's predictive variance (:meth:`GeoModel.predict`,
   or :meth:`GeoModel.predict_areas` for groups, the one combination rule) minus ``||U_i||^2``:
   exact, so every site's marginal is the model's.
 * **between nearby sites:** the local residual field's spatial share of its prior,
-  ``lambda = local_var / k_local(0)``, decaying as ``exp(-d / range) exp(-|dt| / time_scale)``
+  ``lambda = local_var / k_local(0)`` (the deep part's field), decaying as ``exp(-d / range) exp(-|dt| / time_scale)``
   and tapered to zero at :data:`CUTOFF_RANGES` ranges (a Wendland function, so the sparse
   matrix stays positive semi-definite), times ``sqrt(v_i v_j)``. This is an approximation:
   the field's exact conditional cross-covariance is available per group
@@ -30,6 +32,7 @@ both marginals and gives every site the correlation rho between its two targets.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,7 +40,8 @@ import scipy.sparse as sp
 from scipy.spatial import cKDTree
 
 from geodbk.dataset.inputs import TimeLike
-from geodbk.errors import InputDataError
+from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.fit.averaging import averaged_factor
 from geodbk.fit.local_kernel import planar_distance
 from geodbk.fit.posterior import MapPosterior
 from geodbk.ingest.quadkey import tile_centres
@@ -90,12 +94,7 @@ def target_posterior(
                                        for k in (0, 1)])
     factor = np.zeros((n_sites, 0))
     if covariance and model.has_kernel:
-        point_factor = model.regressor.low_rank_factor(model.features(lonlat, time))
-        if model.residuals is not None:
-            years = model.inputs.years(time, n)
-            assert years is not None  # a model with a residual field has a time axis
-            scale = model.residuals.kernel.variance_scale * model.residuals.variance_factor(lonlat, years)
-            point_factor *= np.sqrt(scale)[:, None]
+        point_factor = _point_factor(model, lonlat, time)
         factor = np.zeros((n_sites, point_factor.shape[1]))
         np.add.at(factor, site_of, member_w[:, None] * point_factor)
     own = np.maximum(var - (factor**2).sum(1), 0.0)
@@ -106,6 +105,24 @@ def target_posterior(
         targets=(model.info.target,), mean=mean[:, None], factor=factor[:, None, :], local=local.tocsr(),
         nugget=nugget[:, None, None], per_test=per_test[:, None, None],
     )
+
+
+def _point_factor(model: GeoModel, lonlat: np.ndarray, time: TimeLike) -> np.ndarray:
+    """The long-range part's factor at the points, (n, k): the basis GP's, scaled as the module text
+    says; with a kriging part, both parts' joined as their average's (:func:`~geodbk.fit.averaging.averaged_factor`)."""
+    if model.kriging is not None:
+        deep, kriging = model.deep_part, model.kriging
+        with warnings.catch_warnings():  # the deep part warns about the places, once
+            warnings.simplefilter("ignore", ExtrapolationWarning)
+            return averaged_factor(_point_factor(deep, lonlat, time), _point_factor(kriging, lonlat, time),
+                                   deep.predict(lonlat, time).mean, kriging.predict(lonlat, time).mean)
+    factor = model.regressor.low_rank_factor(model.features(lonlat, time))
+    if model.residuals is not None:
+        years = model.inputs.years(time, len(lonlat))
+        assert years is not None  # a model with a residual field has a time axis
+        scale = model.residuals.kernel.variance_scale * model.residuals.variance_factor(lonlat, years)
+        factor *= np.sqrt(scale)[:, None]
+    return factor
 
 
 def _nearby(model: GeoModel, site_lonlat: np.ndarray, own: np.ndarray) -> sp.csr_matrix:

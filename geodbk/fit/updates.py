@@ -6,6 +6,7 @@ row does at fit time: its residual against the deep kernel's mean, with the GP's
 test-count variances there, is added to the field's rows, and every later prediction is
 conditioned on its nearest rows, old and new. Given the same deep kernel, the result is exactly
 the field the fit would have built with those rows among its training rows (a test checks it).
+A model's kriging part (:mod:`geodbk.fit.averaging`) is conditioned the same way, on its own residuals.
 The deep kernel's weights, the field's kernel, the forecast rate and the local volatility stay
 as fitted: they are chosen on validation rows, and a refit (``geodbk fit``) re-chooses them.
 """
@@ -67,7 +68,8 @@ def _condition_target(
     field = model.residuals.with_rows(lonlat, years, y - gp.mean, gp.sd**2, gp.measurement().sd**2 - gp.sd**2)
     support = lonlat if model.support is None else np.unique(np.concatenate([model.support, lonlat]), axis=0)
     info = replace(model.info, n_train=model.info.n_train + len(y))
-    return replace(model, residuals=field, support=support, info=info)
+    kriging = None if model.kriging is None else _condition_target(model.kriging, lonlat, years, tests, y)
+    return replace(model, residuals=field, support=support, info=info, kriging=kriging)
 
 
 __all__ = ["ROW_COLUMNS", "condition_on_rows"]

@@ -97,6 +97,30 @@ class ResNetBackbone(nn.Module):
         return nn.functional.silu(self.norm(self.blocks(self.stem(self.encoding(x)))))
 
 
+class ColumnSelection(nn.Module):
+    """A backbone that reads only some input columns: ``inner(x[:, columns])``.
+
+    Args:
+        inner: the backbone, built on ``len(columns)`` inputs.
+        columns: positions of the columns it reads.
+        input_dim: d, the number of input columns the model is given.
+
+    Shapes: ``(n, d) -> (n, inner.output_dim)``.
+    """
+
+    def __init__(self, inner: nn.Module, columns: tuple[int, ...], input_dim: int) -> None:
+        super().__init__()
+        if max(columns) >= input_dim:
+            raise ValueError(f"input column {max(columns)} does not exist in {input_dim} inputs")
+        self.inner = inner
+        self.columns = list(columns)
+        self.input_dim = input_dim
+        self.output_dim = cast(int, inner.output_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.inner(x[:, self.columns]))
+
+
 class IdentityBackbone(nn.Module):
     """g(x) = x, with no parameters. Shapes: ``(n, d) -> (n, d)``."""
 

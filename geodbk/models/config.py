@@ -172,6 +172,8 @@ class ModelConfig:
             :func:`geodbk.fit.fitting.fit_dataset`).
         test_noise: learn the noise sigma0^2 + sigma1^2 / tests (``tests`` = the number of
             speed tests a row averages) instead of one sigma^2.
+        input_columns: the input columns the backbone reads, by position (``None``: all).
+            The map model's kriging part reads the quarter alone (:func:`geodbk.fit.fitting.fit_dataset`).
         options: kind-specific extras, read by the kind's builder (documented there).
     """
 
@@ -186,9 +188,15 @@ class ModelConfig:
     encoding_min_wavelength: float = 0.01
     encoding_max_wavelength: float = 4.0
     test_noise: bool = False
+    input_columns: tuple[int, ...] | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.input_columns is not None:  # a model file stores the tuple as a list
+            self.input_columns = tuple(self.input_columns)
+            if not self.input_columns or not all(isinstance(c, Integral) and not isinstance(c, bool) and c >= 0
+                                                 for c in self.input_columns):
+                raise ValueError(f"input_columns must be positions of input columns, got {self.input_columns!r}")
         for name in ("hidden", "rank", "n_blocks", "encoding_scales"):
             value = getattr(self, name)
             if not isinstance(value, Integral) or isinstance(value, bool):

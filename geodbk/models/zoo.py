@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from geodbk.models.backbone import IdentityBackbone, ResNetBackbone, SinusoidalEncoding
+from geodbk.models.backbone import ColumnSelection, IdentityBackbone, ResNetBackbone, SinusoidalEncoding
 from geodbk.models.base import ZooModel
 from geodbk.models.basis_gp import BasisGP, BasisMap, PointNetwork
 from geodbk.models.config import ModelConfig
@@ -116,15 +116,19 @@ def available_models() -> list[str]:
 
 
 # --- builders ---------------------------------------------------------------------------------
-def resnet(input_dim: int, cfg: ModelConfig) -> ResNetBackbone:
+def resnet(input_dim: int, cfg: ModelConfig) -> ResNetBackbone | ColumnSelection:
     """The ResNet backbone of every deep kind, behind the sinusoidal encoding when
-    ``cfg.encoding_scales > 0`` (so comparisons between kinds stay fair)."""
+    ``cfg.encoding_scales > 0`` (so comparisons between kinds stay fair), reading only
+    ``cfg.input_columns`` when they are set."""
+    columns = cfg.input_columns
+    width = input_dim if columns is None else len(columns)
     encoding = None
     if cfg.encoding_scales > 0:
         encoding = SinusoidalEncoding(
-            input_dim, cfg.encoding_scales, cfg.encoding_min_wavelength, cfg.encoding_max_wavelength
+            width, cfg.encoding_scales, cfg.encoding_min_wavelength, cfg.encoding_max_wavelength
         )
-    return ResNetBackbone(input_dim, cfg.hidden, cfg.n_blocks, encoding)
+    backbone = ResNetBackbone(width, cfg.hidden, cfg.n_blocks, encoding)
+    return backbone if columns is None else ColumnSelection(backbone, columns, input_dim)
 
 
 def deep_rbf_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
@@ -138,8 +142,13 @@ def deep_silu_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
 
 
 def raw_rbf_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
-    """Identity backbone + whitened RBF inducing expansion on raw x (SV-RBF)."""
-    return BasisMap(IdentityBackbone(input_dim), RBFInducingExpansion(input_dim, cfg.rank, cfg.jitter))
+    """Identity backbone + whitened RBF inducing expansion on raw x (SV-RBF), on ``cfg.input_columns``
+    when they are set."""
+    columns = cfg.input_columns
+    if columns is None:
+        return BasisMap(IdentityBackbone(input_dim), RBFInducingExpansion(input_dim, cfg.rank, cfg.jitter))
+    backbone = ColumnSelection(IdentityBackbone(len(columns)), columns, input_dim)
+    return BasisMap(backbone, RBFInducingExpansion(len(columns), cfg.rank, cfg.jitter))
 
 
 #: sigma^2 at initialisation (standardised y): the method spec's value for DBK kinds, and
