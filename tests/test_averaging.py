@@ -16,9 +16,9 @@ import torch
 
 from geodbk.dataset.spatial_dataset import load_sample_dataset
 from geodbk.fit.averaging import average_changes, average_predictions, averaged_factor
-from geodbk.fit.fitting import fit_dataset
+from geodbk.fit.fitting import _kriging_schedule, fit_dataset
 from geodbk.fit.geomodel import GeoModel
-from geodbk.models.config import ModelConfig
+from geodbk.models.config import ModelConfig, TrainConfig
 from geodbk.models.zoo import get_model_spec
 from geodbk.prediction import ChangePrediction, Prediction
 
@@ -159,3 +159,17 @@ def test_the_ablation_fits_the_deep_part_alone(dataset):
     alone = fit_dataset(dataset, "dbk-rbf", hidden=8, rank=8, epochs=1, batch_size=256, progress=False,
                         device="cpu", kriging_average=False)
     assert alone.kriging is None and alone.deep_part is alone
+
+
+def test_each_part_keeps_its_own_checkpoint(dataset, tmp_path):
+    checkpoint = tmp_path / "fit.ckpt"
+    own = tmp_path / "fit.ckpt.kriging"
+    settings = dict(hidden=8, rank=8, epochs=1, batch_size=256, progress=False, device="cpu")
+    fit_dataset(dataset, "dbk-rbf", checkpoint_path=str(checkpoint), **settings)
+    assert checkpoint.is_file() and own.is_file()
+    schedule = _kriging_schedule(TrainConfig(resume_from=str(checkpoint), checkpoint_path=str(checkpoint)))
+    assert (schedule.resume_from, schedule.checkpoint_path) == (str(own), str(own))
+    own.unlink()  # the kriging part then starts afresh instead of reading the deep part's file
+    assert _kriging_schedule(TrainConfig(resume_from=str(checkpoint))).resume_from is None
+    resumed = fit_dataset(dataset, "dbk-rbf", resume_from=str(checkpoint), checkpoint_path=str(checkpoint), **settings)
+    assert resumed.kriging is not None and own.is_file()

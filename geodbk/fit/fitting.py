@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -155,13 +156,23 @@ def _fit_target(
         model.kriging = part(
             quarter_only,
             replace(model_config, input_columns=(quarter_only.feature_names.index("t"),), encoding_scales=0),
-            replace(train_config, coordinate_jitter=0.0),
+            _kriging_schedule(train_config),
         )
     if measurement_tails and rules.measurement_tails:
         tests_val = val["tests"].to_numpy(np.float64)
         model.tails = fit_measurement_tails(val["y"].to_numpy(np.float64), model.predict_tiles(val), tests_val,
                                            train_tests=train["tests"].to_numpy(np.float64))
     return model
+
+
+def _kriging_schedule(config: TrainConfig) -> TrainConfig:
+    """The deep part's schedule for the kriging part: no coordinate jitter (it reads no places), and
+    its own checkpoint file beside the deep part's (``<checkpoint>.kriging``), resumed from when
+    the deep part is and that file exists."""
+    checkpoint = None if config.checkpoint_path is None else f"{config.checkpoint_path}.kriging"
+    resume = None if config.resume_from is None else f"{config.resume_from}.kriging"
+    return replace(config, coordinate_jitter=0.0, checkpoint_path=checkpoint,
+                   resume_from=resume if resume is not None and Path(resume).is_file() else None)
 
 
 def _fit_map_model(
