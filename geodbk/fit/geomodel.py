@@ -389,7 +389,8 @@ class GeoModel:
 
         The kernel of the model the maps use: with a local residual field,
         ``s k_GP + k_local`` (the same tile, then decaying over its range), so a slice shows both
-        the deep kernel's long-range structure and the tile-scale part. Inputs in degrees;
+        the deep kernel's long-range structure and the tile-scale part; with a :attr:`kriging`
+        part, the average of both parts' kernels. Inputs in degrees;
         ``time`` as in :meth:`features` but a single quarter.
         """
         self._require_kernel()
