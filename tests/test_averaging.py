@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from geodbk.dataset.spatial_dataset import load_sample_dataset
+from geodbk.errors import InputDataError
 from geodbk.fit.averaging import average_changes, average_predictions, averaged_factor
 from geodbk.fit.fitting import _kriging_schedule, fit_dataset
 from geodbk.fit.geomodel import GeoModel
@@ -173,3 +174,13 @@ def test_each_part_keeps_its_own_checkpoint(dataset, tmp_path):
     assert _kriging_schedule(TrainConfig(resume_from=str(checkpoint))).resume_from is None
     resumed = fit_dataset(dataset, "dbk-rbf", resume_from=str(checkpoint), checkpoint_path=str(checkpoint), **settings)
     assert resumed.kriging is not None and own.is_file()
+
+
+def test_a_model_file_whose_network_reads_a_missing_column_is_refused(model, tmp_path):
+    path = tmp_path / "model.pt"
+    model.save(path)
+    payload = torch.load(path, weights_only=False)
+    payload["kriging"]["regressor"]["model_config"]["input_columns"] = [7]
+    torch.save(payload, path)
+    with pytest.raises(InputDataError, match="reads input column 7 of 3: it is damaged or tampered"):
+        GeoModel.load(path)

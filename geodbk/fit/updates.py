@@ -13,6 +13,7 @@ as fitted: they are chosen on validation rows, and a refit (``geodbk fit``) re-c
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from geodbk.dataset.targets import target_column
-from geodbk.errors import InputDataError
+from geodbk.errors import ExtrapolationWarning, InputDataError
 from geodbk.quarters import quarter_years
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -68,7 +69,11 @@ def _condition_target(
     field = model.residuals.with_rows(lonlat, years, y - gp.mean, gp.sd**2, gp.measurement().sd**2 - gp.sd**2)
     support = lonlat if model.support is None else np.unique(np.concatenate([model.support, lonlat]), axis=0)
     info = replace(model.info, n_train=model.info.n_train + len(y))
-    kriging = None if model.kriging is None else _condition_target(model.kriging, lonlat, years, tests, y)
+    kriging = None
+    if model.kriging is not None:
+        with warnings.catch_warnings():  # its places are the deep part's, which warned
+            warnings.simplefilter("ignore", ExtrapolationWarning)
+            kriging = _condition_target(model.kriging, lonlat, years, tests, y)
     return replace(model, residuals=field, support=support, info=info, kriging=kriging)
 
 

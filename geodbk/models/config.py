@@ -346,6 +346,9 @@ def stored_model_config(stored: Any, input_dim: Any, state_dict: Any) -> ModelCo
     except (TypeError, ValueError, AttributeError) as err:
         raise InputDataError(f"the model file's configuration is damaged: {err}") from err
     declared = parameter_count(config, columns)
+    if config.input_columns is not None and max(config.input_columns) >= columns:
+        raise InputDataError(f"the model file's network reads input column {max(config.input_columns)} of "
+                             f"{columns}: it is damaged or tampered")
     if not 0 < columns <= 16 or declared > _STORED_FACTOR * held + _STORED_SLACK:
         raise InputDataError(
             f"the model file declares hidden {config.hidden}, rank {config.rank}, {config.encoding_scales} encoding "
