@@ -5,6 +5,12 @@ column derives from :class:`GeodbkError`, so that the CLI can print one clear li
 instead of a traceback.
 """
 
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class GeodbkError(Exception):
     """Base class for all user-facing geodbk errors."""
@@ -24,6 +30,15 @@ class DownloadError(GeodbkError, OSError):
 
 class ExtrapolationWarning(UserWarning):
     """A model is asked about places or quarters outside what it was fitted on."""
+
+
+@contextmanager
+def extrapolation_said() -> Iterator[None]:
+    """Silence :class:`ExtrapolationWarning` inside: for a second look at places that have been
+    warned about already (a model's kriging part reads the deep part's places)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        yield
 
 
 class TrainingError(GeodbkError, FloatingPointError):

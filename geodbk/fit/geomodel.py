@@ -20,8 +20,7 @@ decision-facing ones (targets, posterior, condition) hand over to :mod:`geodbk.f
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -38,7 +37,7 @@ from geodbk.dataset.coords import CoordinateTransform, ProjectedTransform
 from geodbk.dataset.domain import DomainReport, fitted_area
 from geodbk.dataset.inputs import InputSpace, TimeLike, parse_time
 from geodbk.dataset.model_info import ModelInfo
-from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.errors import ExtrapolationWarning, InputDataError, extrapolation_said
 from geodbk.fit.averaging import average_changes, average_predictions
 from geodbk.fit.posterior import MapPosterior
 from geodbk.fit.regressor import Regressor, read_payload, write_payload
@@ -64,14 +63,6 @@ _FORMAT = "geodbk.fit.geomodel/2"
 #: What :meth:`GeoModel.map_time` reads: ``"latest"``, ``"all"``, one quarter or a list of them
 #: (:class:`Quarter` values or ``"2023Q4"`` labels).
 QuartersLike = str | Quarter | Sequence[Quarter | str]
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence extrapolation warnings: the kriging part's inputs are the deep part's, which warned."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExtrapolationWarning)
-        yield
 
 
 def _lonlat(a: np.ndarray, name: str) -> np.ndarray:
@@ -206,17 +197,32 @@ class GeoModel:
         ``measurement_shape``, from :attr:`tails`) for new measurements of that many tests (see
         :class:`~geodbk.prediction.Prediction`).
         """
+        lonlat = _lonlat(lonlat, "lonlat")  # features here, so that a warning names the caller's line
+        return self._predict(lonlat, self.features(lonlat, time), time, tests, batch_size)[0]
+
+    def predict_with_parts(
+        self, lonlat: np.ndarray, time: TimeLike = None, *, tests: np.ndarray | None = None, batch_size: int = 65536
+    ) -> tuple[Prediction, tuple[Prediction, Prediction] | None]:
+        """:meth:`predict`, and from the same pass the deep part's and the :attr:`kriging` part's own
+        predictions that it averages (before the tails), or ``None`` for a model without a kriging part."""
         lonlat = _lonlat(lonlat, "lonlat")
-        prediction = self.regressor.predict(self.features(lonlat, time), tests=tests, batch_size=batch_size)
+        return self._predict(lonlat, self.features(lonlat, time), time, tests, batch_size)
+
+    def _predict(
+        self, lonlat: np.ndarray, X: np.ndarray, time: TimeLike, tests: np.ndarray | None, batch_size: int
+    ) -> tuple[Prediction, tuple[Prediction, Prediction] | None]:
+        """:meth:`predict_with_parts` at ``lonlat`` (n, 2) degrees, whose model inputs are ``X``."""
+        prediction = self.regressor.predict(X, tests=tests, batch_size=batch_size)
         if self.residuals is not None:
             years = self._years(time, len(lonlat))
             factor = self.residuals.variance_factor(lonlat, years)
             prediction = self._with_residuals(prediction, *self.residuals.condition(lonlat, years), factor)
+        parts = None
         if self.kriging is not None:
-            with _quiet():
-                prediction = average_predictions(prediction, self.kriging.predict(lonlat, time, tests=tests,
-                                                                                  batch_size=batch_size))
-        return prediction if self.tails is None else self.tails.apply(prediction, tests)
+            with extrapolation_said():
+                parts = (prediction, self.kriging.predict(lonlat, time, tests=tests, batch_size=batch_size))
+            prediction = average_predictions(*parts)
+        return (prediction if self.tails is None else self.tails.apply(prediction, tests)), parts
 
     @property
     def deep_part(self) -> GeoModel:
@@ -279,7 +285,7 @@ class GeoModel:
             )
         if self.kriging is not None:
             deep = self.deep_part.predict_change(lonlat, time_from, time_to)
-            with _quiet():
+            with extrapolation_said():
                 return average_changes(deep, self.kriging.predict_change(lonlat, time_from, time_to))
         lonlat = _lonlat(lonlat, "lonlat")
         X_from, X_to = self.features(lonlat, time_from), self.features(lonlat, time_to)
@@ -348,7 +354,7 @@ class GeoModel:
         self._require_kernel()
         if self.kriging is not None:
             deep = self.deep_part.predict_areas(lonlat, groups, n_groups, time, weights=weights, return_cells=True)
-            with _quiet():
+            with extrapolation_said():
                 other = self.kriging.predict_areas(lonlat, groups, n_groups, time, weights=weights, return_cells=True)
             areas, cells = (average_predictions(a, b) for a, b in zip(deep, other, strict=True))
             return (areas, cells) if return_cells else areas
@@ -403,7 +409,7 @@ class GeoModel:
             gp = self.residuals.kernel.combine(gp, self.residuals.prior_covariance(lonlat, ref_lonlat))
         if self.kriging is None:
             return gp
-        with _quiet():
+        with extrapolation_said():
             return 0.5 * (gp + self.kriging.kernel_slice(lonlat, ref_lonlat, time))
 
     def prior_variance(self, lonlat: np.ndarray, time: TimeLike = None) -> np.ndarray:
@@ -414,7 +420,7 @@ class GeoModel:
             gp = self.residuals.kernel.combine(gp, np.full_like(gp, self.residuals.kernel.prior_var))
         if self.kriging is None:
             return gp
-        with _quiet():
+        with extrapolation_said():
             return 0.5 * (gp + self.kriging.prior_variance(lonlat, time))
 
     def _require_kernel(self) -> None:

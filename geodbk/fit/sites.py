@@ -32,7 +32,6 @@ both marginals and gives every site the correlation rho between its two targets.
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,11 +39,12 @@ import scipy.sparse as sp
 from scipy.spatial import cKDTree
 
 from geodbk.dataset.inputs import TimeLike
-from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.errors import InputDataError, extrapolation_said
 from geodbk.fit.averaging import averaged_factor
 from geodbk.fit.local_kernel import planar_distance
 from geodbk.fit.posterior import MapPosterior
 from geodbk.ingest.quadkey import tile_centres
+from geodbk.prediction import Prediction
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from geodbk.fit.geomodel import GeoModel
@@ -75,7 +75,7 @@ def target_posterior(
     ``covariance=False`` leaves out what sites share (marginals and per-site parts only)."""
     lonlat = np.asarray(lonlat, np.float64).reshape(-1, 2)
     n = len(lonlat)
-    one_test = model.predict(lonlat, time, tests=np.ones(n))
+    one_test, parts = model.predict_with_parts(lonlat, time, tests=np.ones(n))
     assert one_test.measurement_sd is not None  # asked with tests
     point_per_test = np.maximum(one_test.measurement_sd**2 - one_test.sd**2, 0.0)
     if groups is None:
@@ -94,7 +94,7 @@ def target_posterior(
                                        for k in (0, 1)])
     factor = np.zeros((n_sites, 0))
     if covariance and model.has_kernel:
-        point_factor = _point_factor(model, lonlat, time)
+        point_factor = _point_factor(model, lonlat, time, parts)
         factor = np.zeros((n_sites, point_factor.shape[1]))
         np.add.at(factor, site_of, member_w[:, None] * point_factor)
     own = np.maximum(var - (factor**2).sum(1), 0.0)
@@ -107,15 +107,19 @@ def target_posterior(
     )
 
 
-def _point_factor(model: GeoModel, lonlat: np.ndarray, time: TimeLike) -> np.ndarray:
+def _point_factor(
+    model: GeoModel, lonlat: np.ndarray, time: TimeLike, parts: tuple[Prediction, Prediction] | None = None
+) -> np.ndarray:
     """The long-range part's factor at the points, (n, k): the basis GP's, scaled as the module text
-    says; with a kriging part, both parts' joined as their average's (:func:`~geodbk.fit.averaging.averaged_factor`)."""
+    says; with a kriging part, both parts' joined as their average's
+    (:func:`~geodbk.fit.averaging.averaged_factor`), from the ``parts``' own predictions there
+    (:meth:`GeoModel.predict_with_parts`)."""
     if model.kriging is not None:
-        deep, kriging = model.deep_part, model.kriging
-        with warnings.catch_warnings():  # the deep part warns about the places, once
-            warnings.simplefilter("ignore", ExtrapolationWarning)
-            return averaged_factor(_point_factor(deep, lonlat, time), _point_factor(kriging, lonlat, time),
-                                   deep.predict(lonlat, time).mean, kriging.predict(lonlat, time).mean)
+        assert parts is not None  # predict_with_parts gives them for a model with a kriging part
+        with extrapolation_said():  # the deep part warns about the places, once
+            kriging_factor = _point_factor(model.kriging, lonlat, time)
+        return averaged_factor(_point_factor(model.deep_part, lonlat, time), kriging_factor,
+                               parts[0].mean, parts[1].mean)
     factor = model.regressor.low_rank_factor(model.features(lonlat, time))
     if model.residuals is not None:
         years = model.inputs.years(time, len(lonlat))

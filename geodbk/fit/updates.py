@@ -13,7 +13,6 @@ as fitted: they are chosen on validation rows, and a refit (``geodbk fit``) re-c
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from geodbk.dataset.targets import target_column
-from geodbk.errors import ExtrapolationWarning, InputDataError
+from geodbk.errors import InputDataError, extrapolation_said
 from geodbk.quarters import quarter_years
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -71,8 +70,7 @@ def _condition_target(
     info = replace(model.info, n_train=model.info.n_train + len(y))
     kriging = None
     if model.kriging is not None:
-        with warnings.catch_warnings():  # its places are the deep part's, which warned
-            warnings.simplefilter("ignore", ExtrapolationWarning)
+        with extrapolation_said():  # its places are the deep part's, which warned
             kriging = _condition_target(model.kriging, lonlat, years, tests, y)
     return replace(model, residuals=field, support=support, info=info, kriging=kriging)
 
