@@ -4,6 +4,7 @@ service that a file name or URL names."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,11 @@ def ookla_source(source: str | Path) -> str | Path:
     return ookla_url(found.group(1).lower(), int(found.group(2)), int(found.group(3)))
 
 
+def ookla_sources(source: str | Path | Iterable[str | Path]) -> list[str | Path]:
+    """One path or URL, or a sequence of them, as a list, each through :func:`ookla_source`."""
+    return [ookla_source(s) for s in ([source] if isinstance(source, (str, Path)) else source)]
+
+
 def parse_quarter(name: str) -> tuple[int, int] | None:
     """``(year, quarter)`` from a file name or URL, or ``None``.
 
@@ -90,4 +96,6 @@ def parse_service(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-__all__ = ["OOKLA_BUCKET_URL", "SERVICES", "ookla_source", "ookla_url", "parse_quarter", "parse_service"]
+__all__ = [
+    "OOKLA_BUCKET_URL", "SERVICES", "ookla_source", "ookla_sources", "ookla_url", "parse_quarter", "parse_service",
+]

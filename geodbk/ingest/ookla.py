@@ -50,7 +50,7 @@ import shapely
 
 from geodbk.errors import InputDataError
 from geodbk.ingest.formats import check_head, format_of, read_head
-from geodbk.ingest.names import OOKLA_BUCKET_URL, SERVICES, ookla_source, ookla_url, parse_quarter, parse_service
+from geodbk.ingest.names import OOKLA_BUCKET_URL, SERVICES, ookla_sources, ookla_url, parse_quarter, parse_service
 from geodbk.ingest.quadkey import bounds_centres, quadkey_polygons, quadkey_to_tile, tile_bounds
 from geodbk.ingest.sources import is_url, local_path
 from geodbk.ingest.validation import (
@@ -362,7 +362,7 @@ def read_tiles(
             quarter, duplicate rows (see the module docstring).
         DownloadError: a URL cannot be fetched.
     """
-    sources: Iterable = [ookla_source(s) for s in ([source] if isinstance(source, (str, Path)) else source)]
+    sources: Iterable = ookla_sources(source)
     frames = []
     for src in sources:
         for raw, name in read_raw(local_path(src, cache_dir)):

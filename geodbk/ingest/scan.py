@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from geodbk.errors import InputDataError
 from geodbk.ingest.formats import check_head, format_of, read_head
-from geodbk.ingest.names import SERVICES, ookla_source
+from geodbk.ingest.names import SERVICES, ookla_sources
 from geodbk.ingest.ookla import (
     READ_COLUMNS,
     check_columns,
@@ -330,7 +330,7 @@ def scan_tiles(
         RegionError: no tile lies inside the region.
         DownloadError: a URL cannot be fetched.
     """
-    sources = [ookla_source(s) for s in ([source] if isinstance(source, (str, Path)) else source)]
+    sources = ookla_sources(source)
     if not sources:
         raise InputDataError("no tile sources given")
     selection = _Selection(region_test(region, buffer_deg=buffer_deg), service, quarters, drop_incomplete)
