@@ -162,6 +162,12 @@ def test_the_ablation_fits_the_deep_part_alone(dataset):
     assert alone.kriging is None and alone.deep_part is alone
 
 
+def test_the_kriging_part_trains_a_quarter_of_the_deep_parts_epochs_and_at_least_one():
+    assert _kriging_schedule(TrainConfig(epochs=40)).epochs == 10
+    assert _kriging_schedule(TrainConfig(epochs=1)).epochs == 1
+    assert _kriging_schedule(TrainConfig(epochs=40, coordinate_jitter=0.1)).coordinate_jitter == 0.0
+
+
 def test_each_part_keeps_its_own_checkpoint(dataset, tmp_path):
     checkpoint = tmp_path / "fit.ckpt"
     own = tmp_path / "fit.ckpt.kriging"
