@@ -77,3 +77,21 @@ def test_any_region_runs_with_its_own_tiles_and_density_layer(capsys, tmp_path) 
                                "--models", "knn", "--draws", "1"])  # a layer in two files
     printed = capsys.readouterr().out
     assert code == 0 and "## Culebra, PR" in printed and f"density layer: {halves[0]}, {halves[1]}" in printed
+
+
+@pytest.mark.parametrize("protocol", ["random", "spatial-block"])
+def test_nested_scores_the_validation_rows_and_cuts_new_ones_from_the_training_rows(protocol) -> None:
+    base, _ = bench_regions.crop_dataset(bench_regions.CROPS["kauai"])
+    dataset = base.with_split(protocol, seed=1)
+    inner = bench_regions.nested(dataset, draw=1)
+    outer, split = dataset.frame["split"], inner.frame["split"]
+    assert set(inner.frame.index) == set(outer.index[outer != "test"])  # the real test rows are gone
+    assert (split[outer[outer == "val"].index] == "test").all()  # the real validation rows are scored
+    new_val = split.index[split == "val"]
+    assert (outer[new_val] == "train").all() and 0.05 < len(new_val) / (outer == "train").sum() < 0.2
+    tiles = inner.frame.groupby(split)["quadkey"].agg(set)
+    shared = tiles["val"] & tiles["train"]
+    if protocol == "spatial-block":  # whole squares of the training rows: no tile on both sides
+        assert not shared and inner.block_m == dataset.block_m
+    else:  # random rows: most validation tiles keep other quarters in training
+        assert len(shared) > 0.5 * len(tiles["val"])
