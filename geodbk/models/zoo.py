@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from geodbk.models.backbone import ColumnSelection, IdentityBackbone, ResNetBackbone, SinusoidalEncoding
 from geodbk.models.base import ZooModel
@@ -116,19 +116,31 @@ def available_models() -> list[str]:
 
 
 # --- builders ---------------------------------------------------------------------------------
+def _read_width(input_dim: int, cfg: ModelConfig) -> int:
+    """How many input columns a backbone reads: ``cfg.input_columns``'s, or all ``input_dim``."""
+    return input_dim if cfg.input_columns is None else len(cfg.input_columns)
+
+
+_Backbone = TypeVar("_Backbone", ResNetBackbone, IdentityBackbone)
+
+
+def _on_columns(backbone: _Backbone, input_dim: int, cfg: ModelConfig) -> _Backbone | ColumnSelection:
+    """``backbone`` (built on :func:`_read_width` columns) given ``input_dim`` columns: behind a
+    :class:`ColumnSelection` when ``cfg.input_columns`` are set, else as it is."""
+    return backbone if cfg.input_columns is None else ColumnSelection(backbone, cfg.input_columns, input_dim)
+
+
 def resnet(input_dim: int, cfg: ModelConfig) -> ResNetBackbone | ColumnSelection:
     """The ResNet backbone of every deep kind, behind the sinusoidal encoding when
     ``cfg.encoding_scales > 0`` (so comparisons between kinds stay fair), reading only
     ``cfg.input_columns`` when they are set."""
-    columns = cfg.input_columns
-    width = input_dim if columns is None else len(columns)
+    width = _read_width(input_dim, cfg)
     encoding = None
     if cfg.encoding_scales > 0:
         encoding = SinusoidalEncoding(
             width, cfg.encoding_scales, cfg.encoding_min_wavelength, cfg.encoding_max_wavelength
         )
-    backbone = ResNetBackbone(width, cfg.hidden, cfg.n_blocks, encoding)
-    return backbone if columns is None else ColumnSelection(backbone, columns, input_dim)
+    return _on_columns(ResNetBackbone(width, cfg.hidden, cfg.n_blocks, encoding), input_dim, cfg)
 
 
 def deep_rbf_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
@@ -144,11 +156,9 @@ def deep_silu_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
 def raw_rbf_basis(input_dim: int, cfg: ModelConfig) -> BasisMap:
     """Identity backbone + whitened RBF inducing expansion on raw x (SV-RBF), on ``cfg.input_columns``
     when they are set."""
-    columns = cfg.input_columns
-    if columns is None:
-        return BasisMap(IdentityBackbone(input_dim), RBFInducingExpansion(input_dim, cfg.rank, cfg.jitter))
-    backbone = ColumnSelection(IdentityBackbone(len(columns)), columns, input_dim)
-    return BasisMap(backbone, RBFInducingExpansion(len(columns), cfg.rank, cfg.jitter))
+    width = _read_width(input_dim, cfg)
+    backbone = _on_columns(IdentityBackbone(width), input_dim, cfg)
+    return BasisMap(backbone, RBFInducingExpansion(width, cfg.rank, cfg.jitter))
 
 
 #: sigma^2 at initialisation (standardised y): the method spec's value for DBK kinds, and
