@@ -21,7 +21,10 @@ whose own validation rows were cut from their training rows (:func:`nested`), so
 chooses more on its validation rows is not flattered; ``--eval val`` scores the rows the fit
 chose on. Reports use the test split (``--eval test``, the default). Model keyword arguments
 for ablations go through ``--set`` (``--set coordinate_jitter_m=1000``), as
-:func:`geodbk.fit.fitting.fit_dataset` takes them.
+:func:`geodbk.fit.fitting.fit_dataset` takes them. ``--save-predictions DIR`` writes every fit's
+Gaussian predictions before its new-measurement family (:func:`save_predictions`), so that a
+change to the family, or to how dbk-rbf's two parts are averaged, can be scored on every fit
+without fitting again (docs/small-regions.md, 2026-11-28).
 ``--region`` runs the same comparison and checks on any other region (counties, a state or a
 polygon file), with ``--tiles`` and ``--density`` where the shipped samples do not cover it: the
 way to check the defaults on regions that were not tuned on.
@@ -31,6 +34,7 @@ Usage::
     .venv/bin/python benchmarks/bench_regions.py                             # every region, test split
     .venv/bin/python benchmarks/bench_regions.py --regions kauai,ponce --eval val --models dbk-rbf,knn
     .venv/bin/python benchmarks/bench_regions.py --eval val --models dbk-rbf --set coordinate_jitter_m=1000
+    .venv/bin/python benchmarks/bench_regions.py --eval nested --save-predictions /tmp/parts
     .venv/bin/python benchmarks/bench_regions.py --region "Hawaii, HI" --draws 1      # any region
     .venv/bin/python benchmarks/bench_regions.py --region "Boone, MO" --tiles mobile:2023Q4 --density fixed:2023Q4
 """
@@ -39,11 +43,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -56,6 +63,8 @@ from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.metrics import nll_per_row
 from geodbk.ingest.regions import Region, load_region
+from geodbk.prediction import Prediction
+from geodbk.quarters import quarter_years
 from geodbk.workflow import DemoConfig
 
 
@@ -107,9 +116,11 @@ def crop_dataset(crop: Crop) -> tuple[SpatialDataset, pd.DataFrame]:
 
 
 def score(
-    dataset: SpatialDataset, kind: str, density: pd.DataFrame, on: str, seed: int, settings: dict
+    dataset: SpatialDataset, kind: str, density: pd.DataFrame, on: str, seed: int, settings: dict,
+    save_to: Path | None = None,
 ) -> tuple[float, np.ndarray, float]:
-    """Mean NLL of one fit on split ``on``, the per-row NLL (n,) and the fit's seconds."""
+    """Mean NLL of one fit on split ``on``, the per-row NLL (n,) and the fit's seconds; with
+    ``save_to``, the fit's predictions are written there (:func:`save_predictions`)."""
     start = time.perf_counter()
     if ":" in kind:
         peer, variant = kind.split(":", 1)
@@ -122,7 +133,39 @@ def score(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
         per_row = nll_per_row(rows["y"].to_numpy(np.float64), model.predict_tiles(rows).measurement())
+        if save_to is not None:
+            save_predictions(save_to, dataset, model, on)
     return float(per_row.mean()), per_row, seconds
+
+
+def save_predictions(path: Path, dataset: SpatialDataset, model: Any, on: str) -> None:
+    """Write a fit's Gaussian predictions, before its new-measurement family, to the parquet file
+    ``path``: one row per validation row (``part`` "val", the rows the family is chosen on) and
+    per row of split ``on``, with ``y`` (log10 Mbps), ``tests``, ``mean``, ``sd`` (the tile mean's)
+    and ``measurement_sd`` (a new measurement's); for a model averaged with a kriging part, the
+    same three of each part (``deep_*``, ``kriging_*``); and ``tests_centre``, the training rows'
+    mean 1/tests (:func:`geodbk.fit.tails.fit_measurement_tails` takes it). Refitting the family
+    on the "val" rows and scoring the others gives the fit's own NLL."""
+    bare = replace(model, tails=None)  # a GeoModel or a peer: both keep the family in ``tails``
+    frames = []
+    for part in ("val", on):
+        rows = dataset.subset(part)
+        tests = rows["tests"].to_numpy(np.float64)
+        columns: dict[str, Any] = {"part": part, "y": rows["y"].to_numpy(np.float64), "tests": tests}
+        parts: tuple[Prediction, Prediction] | None = None
+        if hasattr(bare, "predict_with_parts"):
+            whole, parts = bare.predict_with_parts(rows[["lon", "lat"]].to_numpy(np.float64),
+                                                   quarter_years(rows["year"], rows["quarter"]), tests=tests)
+        else:
+            whole = bare.predict_tiles(rows)
+        named = [("", whole)] + ([] if parts is None else [("deep_", parts[0]), ("kriging_", parts[1])])
+        for prefix, prediction in named:
+            columns.update({f"{prefix}mean": prediction.mean, f"{prefix}sd": prediction.sd,
+                            f"{prefix}measurement_sd": prediction.measurement_sd})
+        frames.append(pd.DataFrame(columns))
+    centre = float(np.mean(1.0 / dataset.subset("train")["tests"].to_numpy(np.float64)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.concat(frames, ignore_index=True).assign(tests_centre=centre).to_parquet(path)
 
 
 def nested(dataset: SpatialDataset, draw: int) -> SpatialDataset:
@@ -141,9 +184,11 @@ def nested(dataset: SpatialDataset, draw: int) -> SpatialDataset:
 
 
 def region_table(
-    crop: Crop, models: list[str], draws: int, on: str, block_km: float | None, settings: dict
+    crop: Crop, models: list[str], draws: int, on: str, block_km: float | None, settings: dict,
+    save_to: Path | None = None,
 ) -> tuple[pd.DataFrame, list[tuple[bool, str]]]:
-    """One region's NLL table (rows: split and draw, then the means; columns: models) and its checks."""
+    """One region's NLL table (rows: split and draw, then the means; columns: models) and its
+    checks; with ``save_to``, every fit's predictions go to ``<save_to>/<crop>_<split>_<draw>_<model>.parquet``."""
     base, density = crop_dataset(crop)
     splits = [(split, s) for split in ("random", "spatial-block") for s in range(draws)]
     scored = "test" if on == "nested" else on  # nested: the validation rows, relabelled test
@@ -160,7 +205,9 @@ def region_table(
             held += f" in {resampling_units(dataset, scored).max() + 1} blocks of {dataset.block_m / 1000:g} km"
         row = {"split": split, "draw": draw, "rows": held}
         for kind in models:
-            mean, per_row, seconds = score(dataset, kind, density, scored, seed=draw, settings=settings)
+            name = re.sub(r"[^\w.]+", "-", f"{crop.name}_{split}_{draw}_{kind}.parquet")
+            path = None if save_to is None else save_to / name
+            mean, per_row, seconds = score(dataset, kind, density, scored, seed=draw, settings=settings, save_to=path)
             nll[(split, draw, kind)] = per_row
             row[kind] = mean
             print(f"  {crop.name} {split} draw {draw} {kind:13s} NLL {mean:.4f} ({seconds:.0f} s; {held})",
@@ -238,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-km", type=float, help="spatial-block square (default: geodbk's choice per region)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a fit_dataset keyword for dbk-rbf (repeatable), e.g. coordinate_jitter_m=1000")
+    parser.add_argument("--save-predictions", type=Path, metavar="DIR",
+                        help="write every fit's predictions before its new-measurement family here (parquet)")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     missing = missing_peers(sorted({m.split(":", 1)[0] for m in models if ":" in m}))
@@ -253,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     crops = ([Crop(args.region, args.region, args.tiles, args.density)] if args.region
              else [CROPS[name] for name in (r.strip() for r in args.regions.split(",") if r.strip())])
     for crop in crops:
-        table, checks = region_table(crop, models, args.draws, args.eval, args.block_km, settings)
+        table, checks = region_table(crop, models, args.draws, args.eval, args.block_km, settings,
+                                     args.save_predictions)
         print(f"\n## {crop.name}\n")
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         all_checks += checks

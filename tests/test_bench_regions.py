@@ -1,5 +1,6 @@
 """benchmarks/bench_regions.py: the spread of a mean difference over independent draws, the
-"dbk-rbf minus" cells built from it, and the block side chosen for its smallest crop."""
+"dbk-rbf minus" cells built from it, the block side chosen for its smallest crop, any region,
+and the saved predictions that variants of the new-measurement family are scored on."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import pytest
 
 from geodbk import paths
 from geodbk.errors import InputDataError
+from geodbk.fit.averaging import average_predictions
+from geodbk.fit.metrics import nll_per_row
+from geodbk.fit.tails import fit_measurement_tails
+from geodbk.prediction import Prediction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_regions  # noqa: E402  # benchmarks/bench_regions.py, not a package
@@ -95,3 +100,30 @@ def test_nested_scores_the_validation_rows_and_cuts_new_ones_from_the_training_r
         assert not shared and inner.block_m == dataset.block_m
     else:  # random rows: most validation tiles keep other quarters in training
         assert len(shared) > 0.5 * len(tiles["val"])
+
+
+def _saved(rows: pd.DataFrame, prefix: str = "") -> Prediction:
+    return Prediction(*(rows[f"{prefix}{name}"].to_numpy() for name in ("mean", "sd", "measurement_sd")))
+
+
+def test_saved_predictions_give_back_each_fits_nll(tmp_path) -> None:
+    """--save-predictions: the new-measurement family refitted on a saved fit's validation rows, and
+    applied to its test rows, gives the NLL of the table, for knn and for dbk-rbf, whose saved
+    parts average to its saved prediction."""
+    table, _ = bench_regions.region_table(bench_regions.Crop("culebra", "72049"), ["knn", "dbk-rbf"], 1, "test",
+                                          None, {}, save_to=tmp_path)
+    for split in ("random", "spatial-block"):
+        for kind in ("knn", "dbk-rbf"):
+            saved = pd.read_parquet(tmp_path / f"culebra_{split}_0_{kind}.parquet")
+            val, test = saved[saved["part"] == "val"], saved[saved["part"] == "test"]
+            assert len(val) > 10 and len(test) > 10
+            centre = saved["tests_centre"].iloc[0]  # the mean 1/tests of one row of 1/centre tests is centre
+            tails = fit_measurement_tails(val["y"].to_numpy(), _saved(val), val["tests"].to_numpy(),
+                                          train_tests=np.array([1.0 / centre]))
+            scored = tails.apply(_saved(test), test["tests"].to_numpy()).measurement()
+            printed = table[(table["split"] == split) & (table["draw"] == 0)][kind].item()
+            assert nll_per_row(test["y"].to_numpy(), scored).mean() == pytest.approx(printed, abs=1e-9)
+            if kind == "dbk-rbf":
+                averaged = average_predictions(_saved(saved, "deep_"), _saved(saved, "kriging_"))
+                np.testing.assert_allclose(averaged.mean, saved["mean"], atol=1e-12)
+                np.testing.assert_allclose(averaged.measurement_sd, saved["measurement_sd"], atol=1e-12)
