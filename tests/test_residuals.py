@@ -18,7 +18,7 @@ from geodbk.dataset.coords import ProjectedTransform
 from geodbk.fit import kernel_search
 from geodbk.fit.kernel_search import AreaTerm, KernelCriterion
 from geodbk.fit.residual_choice import ValidationRows, pseudo_forecast_rate
-from geodbk.fit.residuals import NEIGHBOUR_METRES_PER_YEAR, LocalKernel, ResidualField
+from geodbk.fit.residuals import NEIGHBOUR_METRES_PER_YEAR, LocalKernel, ResidualField, fit_tests_slope
 from geodbk.fit.validation_areas import AreaGroups, square_areas
 from geodbk.fit.volatility import LocalVolatility
 from geodbk.ingest.quadkey import lonlat_to_quadkey, quadkey_bounds, quadkey_centres, tile_centres
@@ -390,7 +390,11 @@ def test_fit_dataset_fits_the_field_to_the_gp_training_residuals(pr_two_quarters
     lonlat, years = train[["lon", "lat"]].to_numpy(np.float64), quarter_years(train["year"], train["quarter"])
     tests = train["tests"].to_numpy(np.float64)
     gp = pr_model.regressor.predict(pr_model.inputs.features(lonlat, years), tests=tests)
-    np.testing.assert_allclose(field.residual, train["y"].to_numpy() - gp.mean, rtol=0, atol=1e-9)
+    # the residuals less their least-squares slope in 1/tests (tests/test_field_test_counts.py)
+    slope, centre = fit_tests_slope(train["y"].to_numpy() - gp.mean, tests)
+    assert (field.tests_slope, field.tests_centre) == (slope, centre) and slope < 0.0
+    expected = train["y"].to_numpy() - gp.mean - slope * (1.0 / tests - centre)
+    np.testing.assert_allclose(field.residual, expected, rtol=0, atol=1e-9)
     # the training rows' noise, split into the GP's tile-mean part and its test-count part
     np.testing.assert_allclose(field.noise_var, gp.sd**2, rtol=1e-9)
     np.testing.assert_allclose(field.test_var, gp.measurement_sd**2 - gp.sd**2, rtol=1e-9)

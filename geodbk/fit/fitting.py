@@ -214,6 +214,7 @@ def _fit_map_model(
             lonlat_val, years_val, y_val - val_pred.mean, val_pred.sd**2,
             train_test_var=train_pred.measurement().sd**2 - train_pred.sd**2,
             val_test_var=val_pred.measurement().sd**2 - val_pred.sd**2,
+            train_tests=tests, val_tests=tests_val,
             val_areas=areas,
         )
     info = ModelInfo(

@@ -68,6 +68,18 @@ PRIOR_CENTRE = (0.0, -0.15, -0.35, math.log(0.8))
 PRIOR_SD = (0.16, 0.08, 0.16, 0.08)
 
 
+def tests_term(tests: np.ndarray, centre: float) -> np.ndarray:
+    """(n,) ``1 / tests - centre`` for rows of ``tests`` (n,) tests: the regressor of a test count's
+    effect on a tile's log speed, zero at ``centre`` (the training rows' mean 1/tests,
+    :func:`mean_inverse_tests`)."""
+    return 1.0 / np.asarray(tests, dtype=np.float64) - centre
+
+
+def mean_inverse_tests(tests: np.ndarray) -> float:
+    """The mean 1/tests of rows of ``tests`` (n,) tests, where :func:`tests_term` is zero."""
+    return float(np.mean(1.0 / np.asarray(tests, dtype=np.float64)))
+
+
 @dataclass(frozen=True)
 class MeasurementTails:
     """A new measurement's family: ``shape`` (a sinh-arcsinh normal, or the Student-t of older
@@ -106,7 +118,7 @@ class MeasurementTails:
         no tests or a zero ``tests_shift``."""
         if tests is None or self.tests_shift == 0.0:
             return None
-        return self.tests_shift * (1.0 / np.asarray(tests, dtype=np.float64) - self.tests_centre)
+        return self.tests_shift * tests_term(tests, self.tests_centre)
 
     def to_payload(self) -> dict[str, float]:
         return {**self.shape.to_payload(), "noise_scale": self.noise_scale, "validation_nll": self.validation_nll,
@@ -141,14 +153,12 @@ def fit_measurement_tails(
     y = np.asarray(y, dtype=np.float64).reshape(-1)
     shifted = (tests is not None and train_tests is not None and prediction.measurement_sd is not None
                and np.ptp(np.asarray(tests, dtype=np.float64)) > 0)  # equal counts: a shift would be an offset
-    tests_centre = 0.0
-    if shifted and train_tests is not None:
-        tests_centre = float(np.mean(1.0 / np.asarray(train_tests, dtype=np.float64)))
+    centre = mean_inverse_tests(train_tests) if shifted and train_tests is not None else 0.0
 
     def family(params: np.ndarray) -> MeasurementTails:
         shape = Shape(skew=float(params[2]), tailweight=math.exp(params[3]))
         return MeasurementTails(shape, math.exp(params[0]), tests_shift=float(params[1]) if shifted else 0.0,
-                                tests_centre=tests_centre)
+                                tests_centre=centre)
 
     def mean_nll(params: np.ndarray) -> float:
         return nll(y, family(params).apply(prediction, tests).measurement())

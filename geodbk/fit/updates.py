@@ -2,13 +2,15 @@
 
 A GP kind's map model is the deep kernel's posterior plus the local residual field conditioned
 on the training rows' residuals (:mod:`geodbk.fit.residuals`). A new row enters as a training
-row does at fit time: its residual against the deep kernel's mean, with the GP's tile-mean and
-test-count variances there, is added to the field's rows, and every later prediction is
-conditioned on its nearest rows, old and new. Given the same deep kernel, the result is exactly
-the field the fit would have built with those rows among its training rows (a test checks it).
-A model's kriging part (:mod:`geodbk.fit.averaging`) is conditioned the same way, on its own residuals.
-The deep kernel's weights, the field's kernel, the forecast rate and the local volatility stay
-as fitted: they are chosen on validation rows, and a refit (``geodbk fit``) re-chooses them.
+row does at fit time: its residual against the deep kernel's mean, less the field's slope in
+1/tests, with the GP's tile-mean and test-count variances there, is added to the field's rows,
+and every later prediction is conditioned on its nearest rows, old and new. Given the same deep
+kernel, the result is exactly the field the fit would have built with those rows among its
+training rows and the same slope (a test checks it). A model's kriging part
+(:mod:`geodbk.fit.averaging`) is conditioned the same way, on its own residuals. The deep
+kernel's weights, the field's kernel, its slope in 1/tests, the forecast rate and the local
+volatility stay as fitted: they are chosen on the fit's rows, and a refit (``geodbk fit``)
+re-chooses them.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def _condition_target(
         raise InputDataError(f"new rows have {int((~np.isfinite(y)).sum())} {model.info.target} values that are "
                              "not finite (log10 of a positive speed)")
     gp = model.regressor.predict(model.features(lonlat, years), tests=tests)
-    field = model.residuals.with_rows(lonlat, years, y - gp.mean, gp.sd**2, gp.measurement().sd**2 - gp.sd**2)
+    field = model.residuals.with_rows(lonlat, years, y - gp.mean, gp.sd**2, gp.measurement().sd**2 - gp.sd**2, tests)
     support = lonlat if model.support is None else np.unique(np.concatenate([model.support, lonlat]), axis=0)
     info = replace(model.info, n_train=model.info.n_train + len(y))
     kriging = None
