@@ -7,7 +7,10 @@ projection) and into counties / municipios (the shipped Census file). Each area'
 averaged twice: the observed mean of their log10 speeds, and the model's area mean over the
 same tile centres (:meth:`GeoModel.predict_areas`, equal weights) with its joint sd. The
 observed mean also carries each tile's own measurement noise (the part of a new
-measurement's variance that is not in the tile-mean surface), which is added.
+measurement's variance that is not in the tile-mean surface), which is added, and each tile's
+test-count shift (a tile of k tests is measured ``tests_shift (1/k - c)`` away from the tile mean,
+:mod:`geodbk.fit.tails`), whose mean over the area's tiles moves the area mean, as the hexagons
+of ``bench_decisions.py`` have it. Runs before 2026-11-28's twelfth session left the shift out.
 
 Printed per model and area kind: the z-scores' sd (1 when calibrated; below 1 means the
 sd is too wide), 95% coverage over the areas, the median area sd and the median |error|.
@@ -110,7 +113,8 @@ def joint_areas(model: GeoModel) -> Callable[[Areas], tuple[np.ndarray, np.ndarr
         cell = model.predict_tiles(areas.tiles)
         n = np.bincount(areas.groups)
         noise = np.bincount(areas.groups, weights=cell.measurement_sd**2 - cell.sd**2) / n**2
-        return area.mean, np.sqrt(area.sd**2 + noise)
+        shift = np.bincount(areas.groups, weights=cell.measurement().mean - cell.mean) / n
+        return area.mean + shift, np.sqrt(area.sd**2 + noise)
 
     return score
 
@@ -121,7 +125,7 @@ def independent_areas(predict_tiles: Callable[[pd.DataFrame], Any]) -> Callable[
     def score(areas: Areas) -> tuple[np.ndarray, np.ndarray]:
         cell = predict_tiles(areas.tiles)
         n = np.bincount(areas.groups)
-        mean = np.bincount(areas.groups, weights=cell.mean) / n
+        mean = np.bincount(areas.groups, weights=cell.measurement().mean) / n  # with the test-count shift
         return mean, np.sqrt(np.bincount(areas.groups, weights=cell.measurement_sd**2) / n**2)
 
     return score
