@@ -62,6 +62,7 @@ from geodbk.dataset.spatial_dataset import SpatialDataset, build_dataset, sample
 from geodbk.errors import ExtrapolationWarning
 from geodbk.fit.fitting import fit_dataset
 from geodbk.fit.metrics import nll_per_row
+from geodbk.fit.tails import mean_inverse_tests
 from geodbk.ingest.regions import Region, load_region
 from geodbk.prediction import Prediction
 from geodbk.quarters import quarter_years
@@ -163,7 +164,7 @@ def save_predictions(path: Path, dataset: SpatialDataset, model: Any, on: str) -
             columns.update({f"{prefix}mean": prediction.mean, f"{prefix}sd": prediction.sd,
                             f"{prefix}measurement_sd": prediction.measurement_sd})
         frames.append(pd.DataFrame(columns))
-    centre = float(np.mean(1.0 / dataset.subset("train")["tests"].to_numpy(np.float64)))
+    centre = mean_inverse_tests(dataset.subset("train")["tests"].to_numpy(np.float64))
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.concat(frames, ignore_index=True).assign(tests_centre=centre).to_parquet(path)
 
