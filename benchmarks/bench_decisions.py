@@ -18,14 +18,14 @@ settings (the demo's schedule and density layer) and reused by every part:
    Gaussian of the hexagon's tile mean, moved by the mean of its tiles' test-count shifts (a
    new measurement's centre, ``MeasurementTails.tests_shift``) and widened by the measurement
    noise of the average (sum_i per_test_i / tests_i / n^2), then its P(meets). (Runs before
-   2026-11-27's fourth session left the shift out.) Part 3 leaves it out: a revealed row enters
-   the residual field with its value, test-count effect and all, and a shift would count that
-   effect twice (with it, the plan fixed 10 of PR's 451 wrong decisions over three seeds at
-   N = 50, not 31).
+   2026-11-27's fourth session left the shift out.) Part 3 shifts too: a revealed row enters the
+   residual field less the field's slope in 1/tests, so the model's mean at it is at the training
+   rows' mean test count, as everywhere. (Runs before 2026-11-28's twelfth session, when the
+   field took a revealed row in with its test-count effect, left the shift out of part 3.)
 3. **Planning** (spatial-block split): candidates = the hexagons holding test tiles of the latest
    quarter; ``plan_visits`` picks N of them on the joint posterior of their means (35/3); their
    held-out rows are revealed to the model (``GeoModel.condition``, no refit) and every
-   candidate's decision (P >= 0.5, as in 2 without the shift) is scored against its truth.
+   candidate's decision (P >= 0.5, as in 2) is scored against its truth.
    Baselines: N random hexagons (mean of 5 draws) and the N most uncertain. The reduction is
    1 - wrong(plan) / wrong(baseline) after the visits.
 
@@ -197,12 +197,14 @@ def hexagon_truth(hexagons: Hexagons, levels: tuple[float, float]) -> np.ndarray
     return (means[0] >= levels[0]) & (means[1] >= levels[1])
 
 
-def hexagon_distribution(model: GeoModel, hexagons: Hexagons, shifted: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def hexagon_distribution(model: GeoModel, hexagons: Hexagons) -> tuple[np.ndarray, np.ndarray]:
     """(H, 2) mean and (H, 2, 2) covariance of each hexagon's observed tile-mean average: the
     model's joint Gaussian of the mean, moved by the tiles' mean test-count shift of a new
-    measurement (``shifted``; not for rows the model was conditioned on, whose test-count
-    effect the residual field took in with their values), plus the average's measurement noise
-    (tiles weighted 1/n)."""
+    measurement, plus the average's measurement noise (tiles weighted 1/n). Rows the model was
+    conditioned on are shifted too: the residual field takes its slope in 1/tests out of them
+    (``ResidualField.with_rows``), so the model's mean there is at the training rows' mean test
+    count, as everywhere. (Before 2026-11-28's twelfth session the field took them in as they
+    were, and the planning part left the shift out.)"""
     lonlat = hexagons.tiles[["lon", "lat"]].to_numpy(np.float64)
     grouped = model.posterior(lonlat, hexagons.quarter, groups=hexagons.groups, n_groups=hexagons.n_groups,
                               covariance=False)
@@ -212,7 +214,7 @@ def hexagon_distribution(model: GeoModel, hexagons: Hexagons, shifted: bool = Tr
     noise = np.zeros((hexagons.n_groups, 2, 2))
     np.add.at(noise, hexagons.groups, (weight**2 / tests)[:, None, None] * points.per_test)
     shift = np.zeros_like(grouped.mean)
-    for column, target in enumerate(model.targets if shifted else ()):
+    for column, target in enumerate(model.targets):
         tails = model.for_target(target).tails
         tile_shift = None if tails is None else tails.measurement_shift(tests)
         if tile_shift is not None:
@@ -245,9 +247,9 @@ def hexagon_scores(model: GeoModel, dataset: SpatialDataset) -> tuple[list[dict]
 
 
 def wrong_decisions(model: GeoModel, hexagons: Hexagons, truth: np.ndarray, levels: tuple[float, float]) -> int:
-    """How many hexagons' decisions (P(meets) >= 0.5 of their average, as in part 2 but without the
-    test-count shift: revealed rows are in the model) disagree with their truth."""
-    mean, covariance = hexagon_distribution(model, hexagons, shifted=False)
+    """How many hexagons' decisions (P(meets) >= 0.5 of their average, as in part 2) disagree with
+    their truth."""
+    mean, covariance = hexagon_distribution(model, hexagons)
     return int(np.sum((meets_probability(mean, covariance, levels) >= 0.5) != truth))
 
 
