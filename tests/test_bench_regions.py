@@ -1,6 +1,6 @@
 """benchmarks/bench_regions.py: the spread of a mean difference over independent draws, the
 "dbk-rbf minus" cells built from it, the block side chosen for its smallest crop, any region,
-and the saved predictions that variants of the new-measurement family are scored on."""
+a region's tile persistence, and the saved predictions that variants of the new-measurement family are scored on."""
 
 from __future__ import annotations
 
@@ -44,6 +44,25 @@ def test_minus_column_gives_the_latest_draw_or_the_mean_per_peer_of_the_split() 
     mean = bench_regions.minus_column(spreads, "random", draw=None)
     assert mean == "gpboost:map +0.020+/-0.022; lightgbm:map -0.060+/-0.025"
     assert bench_regions.minus_column(spreads, "spatial-block", draw=None) == "gpboost:map +0.500+/-0.100"
+
+
+def test_tile_persistence_is_the_share_of_a_tiles_variance_that_it_keeps() -> None:
+    """Tiles with a lasting offset a ~ N(0, 1) and a fresh one e ~ N(0, 1) each quarter, on a
+    trend per quarter that the centring takes out: consecutive quarters correlate 1 / (1 + 1)."""
+    rng = np.random.default_rng(0)
+    tiles, quarters = 3000, 4
+    offset = np.repeat(rng.normal(size=tiles), quarters)
+    quarter = np.tile(np.arange(quarters), tiles)
+    frame = pd.DataFrame({
+        "lon": np.repeat(rng.uniform(-67, -65, tiles), quarters),
+        "lat": np.repeat(rng.uniform(17, 18, tiles), quarters),
+        "year": 2022 + quarter // 4, "quarter": 1 + quarter % 4,
+        "y": 1.5 + 0.3 * quarter + offset + rng.normal(size=tiles * quarters),
+    })
+    assert bench_regions.tile_persistence(frame) == pytest.approx(0.5, abs=0.03)
+    fresh = frame.assign(y=rng.normal(size=len(frame)))
+    assert abs(bench_regions.tile_persistence(fresh)) < 0.04
+    assert np.isnan(bench_regions.tile_persistence(frame.iloc[:2]))
 
 
 def test_vieques_and_culebra_get_a_square_that_every_verb_accepts() -> None:
