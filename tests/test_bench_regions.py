@@ -50,7 +50,7 @@ def test_tile_persistence_is_the_share_of_a_tiles_variance_that_it_keeps() -> No
     """Tiles with a lasting offset a ~ N(0, 1) and a fresh one e ~ N(0, 1) each quarter, on a
     trend per quarter that the centring takes out: consecutive quarters correlate 1 / (1 + 1)."""
     rng = np.random.default_rng(0)
-    tiles, quarters = 3000, 4
+    tiles, quarters = 3000, 6  # 2022Q1-2023Q2: one pair crosses the year
     offset = np.repeat(rng.normal(size=tiles), quarters)
     quarter = np.tile(np.arange(quarters), tiles)
     frame = pd.DataFrame({

@@ -285,10 +285,11 @@ class MapPosterior:
             values: (m, T) observed log10 values on the tile mean's scale, or ``None`` for a
                 hypothetical observation: the mean is kept and the covariance is the preposterior
                 one, which does not depend on the values. A measurement of K tests sits
-                ``GeoModel.tails.measurement_shift(K)`` away from the tile mean (the log of a mean
-                of K skewed speeds; :mod:`geodbk.fit.tails`): subtract that shift, per target,
-                before passing it. (``GeoModel.condition`` takes dataset rows in through the
-                residual field, which removes its own slope in 1/tests.)
+                ``tails.measurement_shift(K)`` of that target's
+                :class:`~geodbk.fit.geomodel.GeoModel` away from the tile mean (the log of a mean
+                of K skewed speeds; :mod:`geodbk.fit.tails`): subtract it before passing the
+                value. (``GeoModel.condition`` takes dataset rows in through the residual field,
+                which removes its own slope in 1/tests.)
             tests: K, the number of tests each observation averages, scalar or (m,), > 0.
 
         Returns:
