@@ -50,6 +50,22 @@ def pr_dataset(pr_tiles) -> SpatialDataset:
     return build_dataset(pr_tiles, "PR", target="download", quarters="2023Q4", seed=0)
 
 
+@pytest.fixture(scope="session")
+def small_demo(tmp_path_factory, fit_device) -> tuple:
+    """``(DemoResult, echoed lines)`` of one tiny demo run, shared by the run folder's tests
+    (test_workflow) and the viewer's tests over a real run (test_viewer), so that it is fitted
+    once (about 45 s on 2 cores): 2023Q3-2023Q4 of the shipped PR sample; dbk-rbf (download and
+    upload), sv-rbf and knn; 2 epochs, a 0.02 degree grid, H3 resolution 7 and a
+    3-visit plan. Read-only: copy the folder before changing it."""
+    from geodbk.workflow import DemoConfig, run_demo
+
+    lines: list[str] = []
+    config = DemoConfig(quarters=["2023Q3", "2023Q4"], models=("dbk-rbf", "sv-rbf", "knn"), epochs=2, resolution=0.02,
+                        progress=False, device=fit_device, h3_resolution=7, plan_budget=3)
+    result = run_demo(tmp_path_factory.mktemp("small-demo") / "run", config, echo=lines.append)
+    return result, lines
+
+
 @pytest.fixture(scope="module")
 def single_thread():
     """Torch on one thread for a test module (``pytestmark = pytest.mark.usefixtures("single_thread")``):

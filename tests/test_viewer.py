@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import tokenize
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -488,24 +487,17 @@ def test_summary_and_metrics_tables(tmp_path):
 
 # --- the catalog over a real run folder --------------------------------------------------------
 @pytest.fixture(scope="module")
-def run_folder(tmp_path_factory) -> Path:
-    from geodbk.workflow import DemoConfig, run_demo
-
-    run = tmp_path_factory.mktemp("viewer") / "run"
-    config = DemoConfig(
-        quarters=QUARTERS[1:], models=("dbk-rbf", "knn"), epochs=1, resolution=0.05, device="cpu", progress=False,
-        h3_resolution=7, plan_budget=5,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the knn baseline extrapolates at a few coastal cells
-        run_demo(run, config, echo=lambda line: None)
-    return run
+def run_folder(small_demo) -> Path:
+    """The shared tiny demo run's folder (``conftest.small_demo``: 2023Q3-2023Q4; dbk-rbf of
+    download and upload, sv-rbf and knn; an H3 table and a plan)."""
+    return small_demo[0].run.root
 
 
 def test_catalog_finds_the_fits_of_a_run_folder(run_folder, tmp_path):
     (tmp_path / "empty").mkdir()
     catalog = Catalog.scan([run_folder, tmp_path / "empty", tmp_path / "missing"])
-    assert [(f.kind, f.target) for f in catalog.fits] == [("dbk-rbf", "download"), ("knn", "download")]
+    assert [(f.kind, f.target) for f in catalog.fits] == [("dbk-rbf", "download"), ("knn", "download"),
+                                                          ("sv-rbf", "download")]
     assert len(catalog.problems) == 2 and "empty" in catalog.problems[0] and "missing" in catalog.problems[1]
     assert catalog.targets == ["download"] and catalog.for_target("latency") == []
     fit = catalog.fits[0]
@@ -582,7 +574,7 @@ def test_a_model_file_that_does_not_load_is_one_line_and_the_others_stay(run_fol
     shutil.copytree(run_folder, run)
     (run / "models" / "broken.pt").write_bytes(b"not a model\n" * 10)
     catalog = Catalog.scan([run])
-    assert [f.kind for f in catalog.fits] == ["dbk-rbf", "knn"]
+    assert [f.kind for f in catalog.fits] == ["dbk-rbf", "knn", "sv-rbf"]
     assert len(catalog.problems) == 1 and "broken.pt" in catalog.problems[0] and "\n" not in catalog.problems[0]
     monkeypatch.syspath_prepend(str(REPO / "apps"))  # the app imports its sibling dashboard_views
     spec = importlib.util.spec_from_file_location("dashboard_app", REPO / "apps" / "dashboard.py")

@@ -18,21 +18,13 @@ from geodbk.maps.stores import open_grid
 from geodbk.quarters import Quarter
 from geodbk.workflow import DemoConfig, RunFolder, run_demo
 
-#: two GP kinds and the kernel-free knn baseline (closed form, fast), as in the demo's defaults
+#: the models of the shared run (``conftest.small_demo``): two GP kinds and the kernel-free knn
+#: baseline (closed form, fast), as in the demo's defaults
 KINDS = ("dbk-rbf", "sv-rbf", "knn")
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory, fit_device):
-    lines: list[str] = []
-    config = DemoConfig(quarters=["2023Q3", "2023Q4"], models=KINDS, epochs=2, resolution=0.02, progress=False,
-                        device=fit_device, h3_resolution=7, plan_budget=3)
-    result = run_demo(tmp_path_factory.mktemp("run"), config, echo=lines.append)
-    return result, lines
-
-
-def test_run_folder_has_every_documented_file(demo) -> None:
-    result, lines = demo
+def test_run_folder_has_every_documented_file(small_demo) -> None:
+    result, lines = small_demo
     run = result.run
     expected = [run.dataset, run.metrics_csv, run.metrics_json]
     for kind in KINDS:
@@ -52,8 +44,8 @@ def test_run_folder_has_every_documented_file(demo) -> None:
     assert list(plan["rank"]) == [1, 2, 3] and plan["expected_wrong_after"].is_monotonic_decreasing
 
 
-def test_metrics_table_by_model_and_group(demo) -> None:
-    result, _ = demo
+def test_metrics_table_by_model_and_group(small_demo) -> None:
+    result, _ = small_demo
     table = pd.read_csv(result.run.metrics_csv)
     assert list(table.columns) == ["model", "target", "group", "n", "MAE", "NLL", "CRPS", "coverage95", "pi_width"]
     pairs = {kind for kind, model in result.models.items() if model.targets == ("download", "upload")}
@@ -70,8 +62,8 @@ def test_metrics_table_by_model_and_group(demo) -> None:
     pd.testing.assert_frame_equal(json_table[table.columns], table, check_dtype=False)
 
 
-def test_saved_dataset_and_models_reload(demo) -> None:
-    result, _ = demo
+def test_saved_dataset_and_models_reload(small_demo) -> None:
+    result, _ = small_demo
     dataset = SpatialDataset.load(result.run.dataset)
     assert len(dataset) == len(result.dataset) and dataset.quarters == [Quarter(2023, 3), Quarter(2023, 4)]
     model = GeoModel.load(result.run.model("dbk-rbf"))
@@ -80,8 +72,8 @@ def test_saved_dataset_and_models_reload(demo) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_map_cells_equal_the_fitted_model_at_cell_centres(demo, kind: str) -> None:
-    result, _ = demo
+def test_map_cells_equal_the_fitted_model_at_cell_centres(small_demo, kind: str) -> None:
+    result, _ = small_demo
     model = GeoModel.load(result.run.model(kind))
     ds = open_grid(result.run.map_netcdf(kind)).load()
     assert ds.rio.crs.to_epsg() == 4326 and ds.attrs["model_kind"] == kind
@@ -121,8 +113,8 @@ def test_map_cells_equal_the_fitted_model_at_cell_centres(demo, kind: str) -> No
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_test_tiles_hold_the_model_predictions(demo, kind: str) -> None:
-    result, _ = demo
+def test_test_tiles_hold_the_model_predictions(small_demo, kind: str) -> None:
+    result, _ = small_demo
     tiles = gpd.read_file(result.run.test_tiles(kind))
     test = result.dataset.frame[result.dataset.frame["split"] == "test"]
     assert len(tiles) == len(test)
@@ -133,8 +125,8 @@ def test_test_tiles_hold_the_model_predictions(demo, kind: str) -> None:
     np.testing.assert_allclose(tiles["upper_mbps"], 10**pred.upper, rtol=1e-9)
 
 
-def test_chunked_real_model_grid_matches_one_block(demo) -> None:
-    result, _ = demo
+def test_chunked_real_model_grid_matches_one_block(small_demo) -> None:
+    result, _ = small_demo
     model = result.models["dbk-rbf"]
     grid = RegularGrid.over(result.dataset.region, 0.03)
     refs = {"ref": result.refs["urban"]}
