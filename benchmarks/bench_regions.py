@@ -65,7 +65,7 @@ from geodbk.fit.metrics import nll_per_row
 from geodbk.fit.tails import mean_inverse_tests
 from geodbk.ingest.regions import Region, load_region
 from geodbk.prediction import Prediction
-from geodbk.quarters import quarter_years
+from geodbk.quarters import Quarter, quarter_years
 from geodbk.workflow import DemoConfig
 
 
@@ -119,12 +119,12 @@ def crop_dataset(crop: Crop) -> tuple[SpatialDataset, pd.DataFrame]:
 def tile_persistence(frame: pd.DataFrame) -> float:
     """How much a tile's other quarters tell about it: the correlation, over tiles seen in two
     consecutive quarters, of the two quarters' log speeds, each centred on its quarter's mean
-    (``frame``: dataset rows with lon, lat, year, quarter and y). 0.3-0.4 on most crops; a region
+    (``frame``: dataset rows with quadkey, year, quarter and y). 0.3-0.4 on most crops; a region
     where it is low is one where a random split's held-out row gains little from its tile's
     other quarters, and a smooth mean gains more (docs/small-regions.md, 2026-11-28)."""
-    rows = frame.assign(t=4 * frame["year"] + frame["quarter"], lon=frame["lon"].round(7), lat=frame["lat"].round(7))
-    rows = rows.assign(centred=rows["y"] - rows.groupby("t")["y"].transform("mean"))[["lon", "lat", "t", "centred"]]
-    pairs = rows.merge(rows.assign(t=rows["t"] - 1), on=["lon", "lat", "t"], suffixes=("", "_next"))
+    rows = frame.assign(t=Quarter.index_of(frame["year"], frame["quarter"]))
+    rows = rows.assign(centred=rows["y"] - rows.groupby("t")["y"].transform("mean"))[["quadkey", "t", "centred"]]
+    pairs = rows.merge(rows.assign(t=rows["t"] - 1), on=["quadkey", "t"], suffixes=("", "_next"))
     if len(pairs) < 3:
         return float("nan")
     return float(np.corrcoef(pairs["centred"], pairs["centred_next"])[0, 1])
@@ -205,9 +205,8 @@ def region_table(
     """One region's NLL table (rows: split and draw, then the means; columns: models) and its
     checks; with ``save_to``, every fit's predictions go to ``<save_to>/<crop>_<split>_<draw>_<model>.parquet``."""
     base, density = crop_dataset(crop)
-    tiles = base.frame.groupby(["lon", "lat"]).ngroups
-    print(f"  {crop.name}: {len(base.frame):,} rows, {tiles:,} tiles, a tile's consecutive quarters correlate "
-          f"{tile_persistence(base.frame):.2f}", file=sys.stderr, flush=True)
+    print(f"  {crop.name}: {len(base.frame):,} rows, {base.frame['quadkey'].nunique():,} tiles, a tile's consecutive "
+          f"quarters correlate {tile_persistence(base.frame):.2f}", file=sys.stderr, flush=True)
     splits = [(split, s) for split in ("random", "spatial-block") for s in range(draws)]
     scored = "test" if on == "nested" else on  # nested: the validation rows, relabelled test
     nll: dict[tuple[str, int, str], np.ndarray] = {}

@@ -54,8 +54,7 @@ def test_tile_persistence_is_the_share_of_a_tiles_variance_that_it_keeps() -> No
     offset = np.repeat(rng.normal(size=tiles), quarters)
     quarter = np.tile(np.arange(quarters), tiles)
     frame = pd.DataFrame({
-        "lon": np.repeat(rng.uniform(-67, -65, tiles), quarters),
-        "lat": np.repeat(rng.uniform(17, 18, tiles), quarters),
+        "quadkey": np.repeat([f"{i:016d}" for i in range(tiles)], quarters),
         "year": 2022 + quarter // 4, "quarter": 1 + quarter % 4,
         "y": 1.5 + 0.3 * quarter + offset + rng.normal(size=tiles * quarters),
     })
